@@ -1,0 +1,61 @@
+"""Relation vector estimation (METHOD.md part 2): train on the proxy dataset with every
+batch size (and seed) to the target accuracy, and r_b = N_b / N_{b_max}."""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+
+from .artifacts import initial_model
+from .datasets import load_dataset
+from .models import get_model
+from .schemas import EstimationRequest, RelationVector, TrainingOutcome
+from .training import Trainer, make_optimizer, train_to_accuracy
+
+SPLIT_SEED = 0  # the proxy's train/test split is the same for every batch size and seed
+
+
+def vector_key(request: EstimationRequest) -> str:
+    """Cache key: a hash of everything the vector depends on."""
+    return hashlib.sha256(request.model_dump_json().encode()).hexdigest()[:24]
+
+
+def train_proxy(request: EstimationRequest, batch_size: int, seed: int) -> TrainingOutcome:
+    """One proxy run: pre-trained weights, lr scaled for the batch, until the target."""
+    entry = get_model(request.model)
+    data = load_dataset(request.proxy_dataset, entry, SPLIT_SEED)
+    model = initial_model(request.model, request.weights, data.num_classes)
+    trainer = Trainer(model, make_optimizer(model, request.lr, batch_size), batch_size, data.train, data.test, seed)
+    outcome, _ = train_to_accuracy(trainer, request.target_accuracy, request.eval_every_samples, request.max_samples, seed)
+    return outcome
+
+
+def aggregate(request: EstimationRequest, outcomes: list[TrainingOutcome]) -> RelationVector:
+    """N_b as mean and std over seeds; a batch size censored in any seed is censored, and
+    the reference is the largest batch size that reached the target."""
+    means: list[float | None] = []
+    stds: list[float | None] = []
+    censored: list[bool] = []
+    for b in request.batch_sizes:
+        runs = [o for o in outcomes if o.batch_size == b]
+        missing = {s for s in request.seeds} - {o.seed for o in runs}
+        if missing:
+            raise ValueError(f"batch size {b}: no outcome for seeds {sorted(missing)}")
+        is_censored = any(not o.reached for o in runs)
+        counts = [float(o.samples_to_accuracy) for o in runs if o.reached]
+        censored.append(is_censored)
+        means.append(None if is_censored else statistics.fmean(counts))
+        stds.append(None if is_censored else (statistics.stdev(counts) if len(counts) > 1 else 0.0))
+    reached = [(b, m) for b, m in zip(request.batch_sizes, means) if m is not None]
+    reference_b, reference_n = reached[-1] if reached else (None, None)
+    return RelationVector(
+        batch_sizes=request.batch_sizes,
+        ratios=[None if m is None else m / reference_n for m in means],
+        samples_mean=means,
+        samples_std=stds,
+        censored=censored,
+        resolution_samples=request.eval_every_samples,
+        key=vector_key(request),
+        reference_batch_size=reference_b,
+        request=request.model_dump(mode="json"),
+    )

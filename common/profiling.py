@@ -1,0 +1,184 @@
+"""Device profiling (METHOD.md part 1): time T[b][f] for N_s samples and peak power P[b][f].
+
+The data content does not matter, only its shape, so profiling trains on random inputs.
+Peak power is stored non-decreasing in f (each point raised to the highest power measured
+at a lower frequency of its row), so sensor noise never makes a higher frequency look
+cheaper and the binary search of selection matches a linear scan.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+from typing import Callable
+
+import torch
+from torch.utils.data import TensorDataset
+
+import edgetrain
+
+from .devices.base import Device, Measurement
+from .models import ModelEntry, build_model
+from .schemas import LearningRatePolicy, ProfileTable, ProfilingOptions
+from .training import Trainer, make_optimizer
+from .workload import measure_workload
+
+PROFILE_CLASSES = 10
+PROFILE_SAMPLES = 256  # random samples the profiling steps draw from
+
+
+def software_versions() -> dict[str, str]:
+    """What produced a table; a table is reused only by identical software."""
+    versions = {"edgetrain": edgetrain.__version__, "torch": torch.__version__.split("+")[0], "python": platform.python_version()}
+    if torch.cuda.is_available():
+        versions["cuda"] = str(torch.version.cuda)
+    return versions
+
+
+def synthetic_data(entry: ModelEntry, classes: int, n: int = PROFILE_SAMPLES) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    if entry.task == "text":
+        x = torch.randint(0, classes, (n, *entry.input_shape), generator=g)
+        return TensorDataset(x, torch.randint(0, classes, (n, *entry.input_shape), generator=g))
+    return TensorDataset(torch.randn(n, *entry.input_shape, generator=g), torch.randint(0, classes, (n,), generator=g))
+
+
+class Profiler:
+    """Measures one (batch size, frequency) point at a time on a device."""
+
+    def __init__(self, device: Device, entry: ModelEntry, options: ProfilingOptions, lr: LearningRatePolicy):
+        self.device, self.entry, self.options, self.lr = device, entry, options, lr
+        self.data = synthetic_data(entry, PROFILE_CLASSES)
+        model = build_model(entry.name, PROFILE_CLASSES, 0)
+        self.device.bind_workload(measure_workload(entry.name, model, entry.example_input(PROFILE_CLASSES)))
+        self.points = 0
+
+    def _trainer(self, batch_size: int) -> Trainer:
+        model = build_model(self.entry.name, PROFILE_CLASSES, 0)
+        data = TensorDataset(*(t.repeat_interleave(math.ceil(batch_size / PROFILE_SAMPLES), 0) for t in self.data.tensors))
+        return Trainer(model, make_optimizer(model, self.lr, batch_size), batch_size, data, None, seed=0)
+
+    def fits(self, batch_size: int) -> bool:
+        """Whether a step of this batch size fits in memory (tries a step when only that tells)."""
+        known = self.device.fits(batch_size)
+        if known is not None:
+            return known
+        try:
+            self._trainer(batch_size).step()
+            return True
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            return False
+
+    def measure(self, batch_size: int, frequency_hz: int) -> Measurement:
+        self.device.set_frequency(frequency_hz)
+        trainer = self._trainer(batch_size)
+        if self.options.warmup_batches:
+            self.device.run_steps(trainer.step, batch_size, self.options.warmup_batches)
+        self.points += 1
+        return self.device.run_steps(trainer.step, batch_size, self.options.measure_batches)
+
+
+def max_batch_size(fits: Callable[[int], bool], batch_sizes: list[int]) -> int | None:
+    """Largest batch size that fits (memory use grows with b, so stop at the first miss)."""
+    best = None
+    for b in sorted(batch_sizes):
+        if not fits(b):
+            break
+        best = b
+    return best
+
+
+def _monotone(row: list[float | None]) -> list[float | None]:
+    out, running = [], -math.inf
+    for p in row:
+        if p is not None:
+            running = max(running, p)
+        out.append(None if p is None else running)
+    return out
+
+
+def grid_points(batch_sizes: list[int], frequencies_hz: list[int]) -> list[tuple[int, int]]:
+    return [(b, f) for b in batch_sizes for f in frequencies_hz]
+
+
+def staircase(
+    measure_power: Callable[[int, int], float], batch_sizes: list[int], frequencies_hz: list[int], power_cap_w: float
+) -> list[tuple[int, int]]:
+    """The points staircase profiling measures (at most |B| + |F|, plus one per row whose
+    starting point is already over the cap): largest b first, frequency rising until the cap
+    is exceeded; the next smaller b starts at the previous row's highest feasible frequency."""
+    visited: list[tuple[int, int]] = []
+    start = 0
+    for b in sorted(batch_sizes, reverse=True):
+        j = start
+        feasible = None
+        while j < len(frequencies_hz):
+            visited.append((b, frequencies_hz[j]))
+            if measure_power(b, frequencies_hz[j]) > power_cap_w:
+                break
+            feasible = j
+            j += 1
+        if feasible is None:  # noise pushed the start over the cap: walk down
+            j = start - 1
+            while j >= 0:
+                visited.append((b, frequencies_hz[j]))
+                if measure_power(b, frequencies_hz[j]) <= power_cap_w:
+                    feasible = j
+                    break
+                j -= 1
+        start = feasible if feasible is not None else start
+    return visited
+
+
+def profile(
+    device: Device,
+    entry: ModelEntry,
+    batch_sizes: list[int],
+    options: ProfilingOptions,
+    lr: LearningRatePolicy,
+    power_cap_w: float | None = None,
+) -> ProfileTable:
+    """Profile `entry` on `device`: the full grid, or the staircase for a known cap."""
+    profiler = Profiler(device, entry, options, lr)
+    frequencies = device.frequencies_hz
+    b_mem = max_batch_size(profiler.fits, batch_sizes)
+    usable = [b for b in batch_sizes if b_mem is not None and b <= b_mem]
+    measured: dict[tuple[int, int], Measurement] = {}
+
+    def measure_power(b: int, f: int) -> float:
+        if (b, f) not in measured:
+            measured[(b, f)] = profiler.measure(b, f)
+        return measured[(b, f)].peak_power_w
+
+    staircase_mode = options.mode == "staircase" and power_cap_w is not None
+    try:
+        if staircase_mode:
+            staircase(measure_power, usable, frequencies, power_cap_w)
+        else:
+            for b, f in grid_points(usable, frequencies):
+                measure_power(b, f)
+    finally:
+        device.restore()
+
+    def cell(b: int, f: int, value: Callable[[Measurement], float]) -> float | None:
+        return value(measured[(b, f)]) if (b, f) in measured else None
+
+    time_s = [[cell(b, f, lambda m, b=b: m.elapsed_s / m.steps * options.samples / b) for f in frequencies] for b in batch_sizes]
+    power = [_monotone([cell(b, f, lambda m: m.peak_power_w) for f in frequencies]) for b in batch_sizes]
+    return ProfileTable(
+        batch_sizes=batch_sizes,
+        frequencies_hz=frequencies,
+        samples=options.samples,
+        time_s=time_s,
+        peak_power_w=power,
+        max_batch_size=b_mem,
+        device_type=device.device_type,
+        model=entry.name,
+        input_shape=list(entry.input_shape),
+        simulated=device.simulated,
+        mode="staircase" if staircase_mode else "grid",
+        power_cap_w=power_cap_w if staircase_mode else None,
+        produced_by=software_versions(),
+        points_measured=len(measured),
+    )

@@ -1,0 +1,168 @@
+"""A step-driven training loop: one mini-batch per `step()`, so the device, the batch size
+and the frequency can change between steps; accuracy is checked every `eval_every_samples`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from .devices.base import Device, Measurement
+from .schemas import LearningRatePolicy, TrainingOutcome
+
+EVAL_CHUNK = 1024
+
+
+def torch_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def make_optimizer(model: nn.Module, policy: LearningRatePolicy, batch_size: int) -> torch.optim.Optimizer:
+    """Adam or AdamW with the learning rate scaled for `batch_size` by `policy`."""
+    cls = torch.optim.AdamW if policy.optimizer == "adamw" else torch.optim.Adam
+    return cls(model.parameters(), lr=policy.lr_for(batch_size))
+
+
+def set_batch_size(trainer: "Trainer", policy: LearningRatePolicy, batch_size: int) -> None:
+    """Switch batch size between steps, keeping weights and optimizer state (lr rescaled)."""
+    trainer.batch_size = batch_size
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = policy.lr_for(batch_size)
+
+
+def _loss_and_correct(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy and correct predictions for class logits (N, C) or sequences (N, T, V)."""
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_target = target.reshape(-1)
+    return F.cross_entropy(flat_logits, flat_target), (flat_logits.argmax(-1) == flat_target).sum()
+
+
+class Trainer:
+    """Holds the model, optimizer and a seeded stream of mini-batches."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        batch_size: int,
+        train: TensorDataset,
+        test: TensorDataset | None,
+        seed: int,
+        device: torch.device | None = None,
+    ):
+        self.device = device or torch_device()
+        self.model = model.to(self.device).train()
+        self.optimizer = optimizer
+        self.batch_size = batch_size
+        self.train_x, self.train_y = (t.to(self.device) for t in train.tensors)
+        self.test = tuple(t.to(self.device) for t in test.tensors) if test is not None else None
+        self._generator = torch.Generator().manual_seed(seed)
+        self._order = torch.empty(0, dtype=torch.long)
+        self._cursor = 0
+        self.samples = 0
+        self.steps = 0
+
+    def _next_indices(self) -> torch.Tensor:
+        if self._cursor + self.batch_size > len(self._order):
+            self._order = torch.randperm(len(self.train_y), generator=self._generator)
+            self._cursor = 0
+        idx = self._order[self._cursor : self._cursor + self.batch_size]
+        self._cursor += self.batch_size
+        return idx.to(self.device)
+
+    def step(self) -> None:
+        """Train on one mini-batch."""
+        idx = self._next_indices()
+        loss, _ = _loss_and_correct(self.model(self.train_x[idx]), self.train_y[idx])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.samples += len(idx)
+        self.steps += 1
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Accuracy on the test split (fraction; per character for sequence targets)."""
+        if self.test is None:
+            raise ValueError("no test split to evaluate on")
+        self.model.eval()
+        x, y = self.test
+        correct = total = 0
+        for start in range(0, len(y), EVAL_CHUNK):
+            _, hits = _loss_and_correct(self.model(x[start : start + EVAL_CHUNK]), y[start : start + EVAL_CHUNK])
+            correct += int(hits)
+            total += y[start : start + EVAL_CHUNK].numel()
+        self.model.train()
+        return correct / total
+
+
+@dataclass
+class DeviceTotals:
+    """Sums over the measured steps of a run on a device (s, J, W)."""
+
+    elapsed_s: float = 0.0
+    energy_j: float = 0.0
+    peak_power_w: float = 0.0
+    simulated: bool = False
+    steps: int = 0
+    history: list[tuple[int, float]] = field(default_factory=list)  # (samples, accuracy)
+
+    def add(self, m: Measurement) -> None:
+        self.elapsed_s += m.elapsed_s
+        self.energy_j += m.energy_j
+        self.peak_power_w = max(self.peak_power_w, m.peak_power_w)
+        self.simulated = self.simulated or m.simulated
+        self.steps += m.steps
+
+
+Progress = Callable[[int, float, DeviceTotals], None]  # samples, accuracy, totals
+
+
+def train_to_accuracy(
+    trainer: Trainer,
+    target_accuracy: float,
+    eval_every_samples: int,
+    max_samples: int,
+    seed: int,
+    device: Device | None = None,
+    on_evaluation: Progress | None = None,
+) -> tuple[TrainingOutcome, DeviceTotals]:
+    """Train until the test accuracy reaches the target or `max_samples` are processed.
+
+    N_b is the sample count at the first evaluation at or above the target, so its
+    resolution is `eval_every_samples`. Steps run through `device` when one is given.
+    """
+    started = time.perf_counter()
+    totals = DeviceTotals()
+    next_eval = eval_every_samples
+    accuracy, reached = 0.0, False
+    while trainer.samples < max_samples:
+        if device is None:
+            trainer.step()
+        else:
+            totals.add(device.run_steps(trainer.step, trainer.batch_size, 1))
+        if trainer.samples >= next_eval or trainer.samples >= max_samples:
+            next_eval = trainer.samples + eval_every_samples
+            accuracy = trainer.evaluate()
+            totals.history.append((trainer.samples, accuracy))
+            if on_evaluation:
+                on_evaluation(trainer.samples, accuracy, totals)
+            if accuracy >= target_accuracy:
+                reached = True
+                break
+    outcome = TrainingOutcome(
+        batch_size=trainer.batch_size,
+        seed=seed,
+        samples_to_accuracy=trainer.samples if reached else None,
+        reached=reached,
+        final_accuracy=accuracy,
+        samples_processed=trainer.samples,
+        evaluations=len(totals.history),
+        wall_s=time.perf_counter() - started,
+    )
+    return outcome, totals

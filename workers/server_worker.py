@@ -1,0 +1,33 @@
+"""Server workers for proxy training: CPU processes, or one process per GPU."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from .celery_worker import run_worker
+
+
+def run_server_workers(name: str | None, concurrency: int, gpus: str | None, loglevel: str) -> int:
+    """Without `gpus`, one Celery worker with `concurrency` processes. With `gpus` ("0,1"),
+    one worker process per GPU, each seeing only its GPU (CUDA_VISIBLE_DEVICES), since CUDA
+    cannot be initialised again in a forked child."""
+    base = name or "server"
+    if not gpus:
+        run_worker(["server"], base, concurrency, "prefork", loglevel)
+        return 0
+    children = []
+    for index in gpus.split(","):
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": index.strip()}
+        argv = [sys.executable, "-m", "edgetrain.workers.cli", "worker", "server", "--name", f"{base}-gpu{index.strip()}", "--loglevel", loglevel]
+        children.append(subprocess.Popen(argv, env=env))
+
+    def forward(sig: int, _frame: object) -> None:
+        for child in children:
+            child.send_signal(sig)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    return max(child.wait() for child in children)
