@@ -1,0 +1,58 @@
+import copy
+
+import pytest
+
+from edgetrain.common.schemas import DevicePart, JobState, LearningRatePolicy, PartState, job_state
+from edgetrain.tasks.client import JobSpecError, validate_job
+from edgetrain.workers.demo import DEMO_JOB
+
+
+def spec(**changes):
+    job = copy.deepcopy(DEMO_JOB)
+    job.update(changes)
+    return job
+
+
+def test_demo_job_is_valid() -> None:
+    job = validate_job(DEMO_JOB)
+    assert job.batch_sizes == [4, 8, 16, 32, 64, 128]
+
+
+@pytest.mark.parametrize(
+    "changes, field, words",
+    [
+        ({"target_accuracy": 1.5}, "target_accuracy", "less than 1"),
+        ({"batch_sizes": [4, 12]}, "batch_sizes", "powers of two"),
+        ({"devices": []}, "devices", "at least 1"),
+        ({"devices": [{"device_id": "a b", "power_cap_w": 3}]}, "devices.0.device_id", "pattern"),
+        ({"devices": [{"device_id": "x", "power_cap_w": -1}]}, "devices.0.power_cap_w", "greater than 0"),
+        ({"devices": [{"device_id": "x"}, {"device_id": "x"}]}, "(job)", "repeated: ['x']"),
+        ({"modle": "smallcnn"}, "modle", "Extra inputs"),
+        ({"model": "nosuchnet"}, "model", "registered"),
+        ({"proxy_dataset": {"name": "imagenet"}}, "proxy_dataset.name", "unknown dataset 'imagenet'"),
+    ],
+)
+def test_malformed_job_names_the_field(changes, field, words) -> None:
+    with pytest.raises(JobSpecError) as err:
+        validate_job(spec(**changes))
+    assert field in str(err.value)
+    assert words in str(err.value)
+
+
+def test_square_root_learning_rate_rule() -> None:
+    policy = LearningRatePolicy(lr_ref=5e-4, b_ref=128)
+    assert policy.lr_for(128) == pytest.approx(5e-4)
+    assert policy.lr_for(32) == pytest.approx(5e-4 * 0.5)
+    assert policy.lr_for(8) == pytest.approx(5e-4 * 0.25)
+    assert LearningRatePolicy(rule="linear").lr_for(64) == pytest.approx(2.5e-4)
+
+
+def test_job_state_is_derived_from_parts() -> None:
+    def part(state):
+        return DevicePart(device_id="d", power_cap_w=None, state=state)
+
+    assert job_state([part(PartState.pending)]) == JobState.queued
+    assert job_state([part(PartState.completed), part(PartState.finetuning)]) == JobState.running
+    assert job_state([part(PartState.completed), part(PartState.failed)]) == JobState.partial
+    assert job_state([part(PartState.failed)]) == JobState.failed
+    assert job_state([part(PartState.completed)]) == JobState.completed

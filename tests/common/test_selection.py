@@ -1,0 +1,147 @@
+import json
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+
+from edgetrain.common.schemas import ProfileTable, RelationVector
+from edgetrain.common.selection import (
+    InfeasibleCapError,
+    SelectionError,
+    baseline1,
+    highest_feasible_index,
+    lowest_feasible_cap_w,
+    select,
+)
+
+B = [4, 8, 16, 32, 64, 128]
+F = [100, 200, 300, 400, 500, 600, 700, 800]
+
+
+def random_monotone_table(rng: random.Random, holes: float = 0.0) -> ProfileTable:
+    """Power rises with b and f, time falls with f; some points unmeasured (None)."""
+    base = [rng.uniform(0.5, 1.5) for _ in B]
+    power = [[2 + (i + 1) * 0.3 * base[i] * (j + 1) ** 1.3 * 0.2 for j in range(len(F))] for i in range(len(B))]
+    time = [[rng.uniform(1, 3) * 1000 / F[j] * (1 + 8 / b) for j in range(len(F))] for b in B]
+    if holes:
+        for row in (power, time):
+            for r in row:
+                for j in range(len(F)):
+                    if rng.random() < holes:
+                        r[j] = None
+        for i in range(len(B)):  # a hole in time must be a hole in power too
+            for j in range(len(F)):
+                if time[i][j] is None:
+                    power[i][j] = None
+    return ProfileTable(batch_sizes=B, frequencies_hz=F, samples=1000, time_s=time, peak_power_w=power)
+
+
+def brute_force(table: ProfileTable, vector: RelationVector, cap: float | None):
+    """Equation (4) by linear scans: for each b the highest feasible f, then the argmin."""
+    best = None
+    for i, b in enumerate(table.batch_sizes):
+        if table.max_batch_size and b > table.max_batch_size or vector.ratio(b) is None:
+            continue
+        feasible = [j for j, p in enumerate(table.peak_power_w[i]) if p is not None and (cap is None or p <= cap)]
+        if not feasible:
+            continue
+        j = max(feasible)
+        value = table.time_s[i][j] * vector.ratio(b)
+        if best is None or value < best[0]:
+            best = (value, b, table.frequencies_hz[j])
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_binary_search_selection_equals_brute_force(seed: int) -> None:
+    rng = random.Random(seed)
+    table = random_monotone_table(rng, holes=0.15 if seed % 2 else 0.0)
+    ratios = [rng.uniform(0.3, 2.0) for _ in B[:-1]] + [1.0]
+    if seed % 3 == 0:
+        ratios[1] = None  # censored
+    vector = RelationVector(batch_sizes=B, ratios=ratios)
+    if seed % 4 == 0:
+        table.max_batch_size = 32
+    for cap in [None, 2.1, 2.5, 3.0, 4.0, 6.0, 10.0, 50.0]:
+        expected = brute_force(table, vector, cap)
+        if expected is None:
+            with pytest.raises(InfeasibleCapError):
+                select(table, vector, cap)
+            continue
+        got = select(table, vector, cap)
+        assert (got.batch_size, got.frequency_hz) == expected[1:]
+        assert got.estimated_time_s == pytest.approx(expected[0])
+
+
+def test_highest_feasible_index_skips_unmeasured_points() -> None:
+    row = [None, 2.0, None, 3.0, 4.0, None]
+    assert highest_feasible_index(row, 3.5) == 3
+    assert highest_feasible_index(row, 1.0) is None
+    assert highest_feasible_index(row, None) == 4
+    assert highest_feasible_index([None, None], 5.0) is None
+
+
+def test_infeasible_cap_names_the_lowest_cap_that_works() -> None:
+    table = random_monotone_table(random.Random(1))
+    vector = RelationVector(batch_sizes=B, ratios=[1.0] * len(B))
+    lowest = lowest_feasible_cap_w(table)
+    with pytest.raises(InfeasibleCapError) as err:
+        select(table, vector, lowest - 0.01)
+    assert err.value.lowest_cap_w == pytest.approx(lowest)
+    assert f"{lowest:.2f} W" in str(err.value)
+    assert select(table, vector, lowest).peak_power_w == pytest.approx(lowest)
+
+
+def test_memory_limit_and_censored_sizes_are_never_selected() -> None:
+    table = random_monotone_table(random.Random(2))
+    table.max_batch_size = 16
+    vector = RelationVector(batch_sizes=B, ratios=[None, 5.0, 5.0, 0.01, 0.01, 0.01])
+    assert select(table, vector, None).batch_size in (8, 16)
+    vector_all_censored = RelationVector(batch_sizes=B, ratios=[None, None, None, 1.0, 1.0, 1.0])
+    with pytest.raises(SelectionError, match="memory limit"):
+        select(table, vector_all_censored, None)
+
+
+def test_baseline1_takes_largest_fitting_batch_at_envelope_frequency() -> None:
+    table = random_monotone_table(random.Random(3))
+    table.max_batch_size = 64
+    vector = RelationVector(batch_sizes=B, ratios=[1.0] * len(B))
+    envelope = [2.0 + 0.5 * j for j in range(len(F))]
+    choice = baseline1(table, vector, 3.6, envelope)
+    assert choice.batch_size == 64
+    assert choice.frequency_hz == F[3]  # 2.0 + 1.5 = 3.5 <= 3.6 < 4.0
+    with pytest.raises(InfeasibleCapError):
+        baseline1(table, vector, 1.0, envelope)
+
+
+def test_profile_table_rejects_ragged_rows() -> None:
+    with pytest.raises(ValueError, match="time_s must have 2 rows"):
+        ProfileTable(batch_sizes=[4, 8], frequencies_hz=[1, 2], samples=10, time_s=[[1, 2]], peak_power_w=[[1, 2], [1, 2]])
+
+
+def _write(tmp, name, data) -> str:
+    path = tmp / name
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_select_cli_interchange_format_and_infeasible_exit(tmp) -> None:
+    profile = {
+        "batch_sizes": [4, 8, 16],
+        "frequencies_hz": [100000000, 200000000, 300000000],
+        "samples": 1000,
+        "time_s": [[9.0, 6.0, 4.0], [6.0, 4.0, 3.0], [5.0, 3.5, None]],
+        "peak_power_w": [[2.0, 2.5, 3.0], [2.4, 3.0, 3.6], [2.8, 3.5, None]],
+    }
+    vector = {"batch_sizes": [4, 8, 16], "ratios": [0.5, 0.8, 1.0]}
+    args = [sys.executable, "-m", "edgetrain.workers.cli", "select", "--profile", _write(tmp, "p.json", profile),
+            "--vector", _write(tmp, "v.json", vector)]  # fmt: skip
+    out = subprocess.run(args + ["--power-cap-w", "3.0", "--json"], capture_output=True, text=True, check=True)
+    choice = json.loads(out.stdout)
+    # b=4: f=300 (3.0 W) -> 4.0*0.5 = 2.0; b=8: f=200 -> 4*0.8 = 3.2; b=16: f=100 -> 5.0
+    assert (choice["batch_size"], choice["frequency_hz"], choice["estimated_time_s"]) == (4, 300000000, 2.0)
+    bad = subprocess.run(args + ["--power-cap-w", "1.5"], capture_output=True, text=True)
+    assert bad.returncode != 0
+    assert "lowest cap that would work is 2.00 W" in bad.stderr

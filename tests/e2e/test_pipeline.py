@@ -1,0 +1,131 @@
+"""End to end: a real Redis and real worker processes run whole jobs."""
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+from edgetrain.common.estimation import vector_key
+from edgetrain.common.models import get_model
+from edgetrain.common.schemas import JobSpec
+from edgetrain.common.store import table_id
+from edgetrain.tasks.client import EdgeTrainClient, JobSpecError
+from edgetrain.workers.cluster import LocalCluster
+from edgetrain.workers.demo import DEMO_JOB
+from tests.common.test_selection import brute_force
+
+pytestmark = pytest.mark.e2e
+DEVICES = {"nano-1": "sim:jetson-nano", "nano-2": "sim:jetson-nano", "tx2nx-1": "sim:jetson-tx2-nx"}
+TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with LocalCluster(tmp_path_factory.mktemp("cluster"), devices=DEVICES) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(cluster) -> EdgeTrainClient:
+    return EdgeTrainClient(cluster.redis_url)
+
+
+def job(devices: list[dict]) -> dict:
+    spec = copy.deepcopy(DEMO_JOB)
+    spec["devices"] = devices
+    return spec
+
+
+@pytest.fixture(scope="module")
+def first_job(client):
+    job_id = client.submit(job([{"device_id": "nano-1", "power_cap_w": 3.0}, {"device_id": "tx2nx-1", "power_cap_w": 5.0}]))
+    return job_id, client.wait(job_id, timeout_s=TIMEOUT_S)
+
+
+def test_two_device_job_selects_the_brute_force_argmin_and_reaches_the_target(cluster, first_job) -> None:
+    job_id, status = first_job
+    assert status.state.value == "completed", status.events
+    store = cluster.store()
+    spec = JobSpec.model_validate(DEMO_JOB)
+    vector = store.vector(vector_key(spec.estimation_request()))
+    assert vector is not None and vector.ratios[-1] == 1.0
+    for device_id, part in status.parts.items():
+        table = store.table(table_id(part.device_type, spec.model, get_model(spec.model).input_shape))
+        assert table.simulated and table.mode == "grid"
+        value, b, f = brute_force(table, vector, part.power_cap_w)
+        assert (part.selection.batch_size, part.selection.frequency_hz) == (b, f)
+        assert part.selection.peak_power_w <= part.power_cap_w
+        report = part.report
+        assert report.reached and report.final_accuracy >= spec.target_accuracy
+        assert report.simulated and report.device_time_s > 0 and report.energy_j > 0
+        assert (report.batch_size, report.frequency_hz) == (b, f)
+        assert part.baseline1.batch_size == table.max_batch_size == 128
+    assert {p.device_type for p in status.parts.values()} == {"jetson-nano", "jetson-tx2-nx"}
+
+
+def test_identical_job_profiles_and_estimates_nothing_again(cluster, client, first_job) -> None:
+    store = cluster.store()
+    tables_before = {t.device_type: t.created_at for t in store.tables()}
+    job_id = client.submit(job([{"device_id": "nano-1", "power_cap_w": 3.0}, {"device_id": "tx2nx-1", "power_cap_w": 5.0}]))
+    status = client.wait(job_id, timeout_s=TIMEOUT_S)
+    assert status.state.value == "completed"
+    assert not [e for e in status.events if "profiling" in e or "estimating" in e], status.events
+    assert {t.device_type: t.created_at for t in store.tables()} == tables_before
+    first = client.status(first_job[0])
+    for device_id, part in status.parts.items():
+        assert part.selection == first.parts[device_id].selection
+
+
+def test_second_device_of_a_type_reuses_its_table(client, first_job) -> None:
+    status = client.wait(client.submit(job([{"device_id": "nano-2", "power_cap_w": 3.0}])), timeout_s=TIMEOUT_S)
+    assert status.state.value == "completed"
+    assert not [e for e in status.events if "profiling" in e], status.events
+
+
+def test_unknown_device_and_infeasible_cap_fail_alone(client, first_job) -> None:
+    job_id = client.submit(
+        job([
+            {"device_id": "nano-1", "power_cap_w": 3.0},
+            {"device_id": "ghost-7", "power_cap_w": 5.0},
+            {"device_id": "tx2nx-1", "power_cap_w": 1.0},
+        ])
+    )  # fmt: skip
+    status = client.wait(job_id, timeout_s=TIMEOUT_S)
+    parts = status.parts
+    assert status.state.value == "partial"
+    assert parts["nano-1"].state.value == "completed"
+    assert parts["ghost-7"].state.value == "failed" and "unknown device 'ghost-7'" in parts["ghost-7"].reason
+    assert parts["tx2nx-1"].state.value == "failed"
+    assert "power cap 1.00 W" in parts["tx2nx-1"].reason and "lowest cap that would work" in parts["tx2nx-1"].reason
+
+
+def test_malformed_job_is_rejected_before_anything_is_enqueued(cluster, client) -> None:
+    before = cluster.store().job_ids()
+    with pytest.raises(JobSpecError, match="target_accuracy"):
+        client.submit(job([{"device_id": "nano-1"}]) | {"target_accuracy": 2})
+    assert cluster.store().job_ids() == before
+
+
+def _cli(cluster, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "edgetrain.workers.cli", "--redis-url", cluster.redis_url, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def test_cli_fleet_submit_and_status(cluster, tmp, first_job) -> None:
+    fleet = json.loads(_cli(cluster, "fleet", "--json").stdout)
+    assert sorted(d["device_id"] for d in fleet) == sorted(DEVICES)
+    assert all(d["simulated"] for d in fleet)
+    spec_file = tmp / "job.json"
+    spec_file.write_text(json.dumps(job([{"device_id": "tx2nx-1", "power_cap_w": 5.0}])))
+    submitted = _cli(cluster, "submit", str(spec_file), "--wait", "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.splitlines()[0]
+    report = json.loads(_cli(cluster, "status", job_id, "--json").stdout)
+    assert report["state"] == "completed"
+    assert report["devices"][0]["achieved"]["simulated"] is True
+    bad = tmp / "bad.json"
+    bad.write_text(json.dumps({"model": "smallcnn"}))
+    rejected = _cli(cluster, "submit", str(bad))
+    assert rejected.returncode == 2 and "dataset: Field required" in rejected.stderr
