@@ -9,7 +9,6 @@ cheaper and the binary search of selection matches a linear scan.
 from __future__ import annotations
 
 import math
-import platform
 from typing import Callable
 
 import torch
@@ -29,7 +28,7 @@ PROFILE_SAMPLES = 256  # random samples the profiling steps draw from
 
 def software_versions() -> dict[str, str]:
     """What produced a table; a table is reused only by identical software."""
-    versions = {"edgetrain": edgetrain.__version__, "torch": torch.__version__.split("+")[0], "python": platform.python_version()}
+    versions = {"edgetrain": edgetrain.__version__, "torch": torch.__version__.split("+")[0]}
     if torch.cuda.is_available():
         versions["cuda"] = str(torch.version.cuda)
     return versions
@@ -105,29 +104,27 @@ def grid_points(batch_sizes: list[int], frequencies_hz: list[int]) -> list[tuple
 def staircase(
     measure_power: Callable[[int, int], float], batch_sizes: list[int], frequencies_hz: list[int], power_cap_w: float
 ) -> list[tuple[int, int]]:
-    """The points staircase profiling measures (at most |B| + |F|, plus one per row whose
-    starting point is already over the cap): largest b first, frequency rising until the cap
-    is exceeded; the next smaller b starts at the previous row's highest feasible frequency."""
+    """The points staircase profiling measures: a path from the largest b at the lowest f,
+    moving to a higher f while the power fits the cap and to the next smaller b (same f)
+    when it does not; power grows with b, so a smaller b never needs a lower f. That is at
+    most |B| + |F| points, plus one for each b whose first point is already over the cap
+    (its f*_b is one step lower, where its time must still be measured)."""
     visited: list[tuple[int, int]] = []
-    start = 0
+
+    def fits(b: int, j: int) -> bool:
+        visited.append((b, frequencies_hz[j]))
+        return measure_power(b, frequencies_hz[j]) <= power_cap_w
+
+    j = 0
     for b in sorted(batch_sizes, reverse=True):
-        j = start
-        feasible = None
-        while j < len(frequencies_hz):
-            visited.append((b, frequencies_hz[j]))
-            if measure_power(b, frequencies_hz[j]) > power_cap_w:
-                break
-            feasible = j
-            j += 1
-        if feasible is None:  # noise pushed the start over the cap: walk down
-            j = start - 1
-            while j >= 0:
-                visited.append((b, frequencies_hz[j]))
-                if measure_power(b, frequencies_hz[j]) <= power_cap_w:
-                    feasible = j
-                    break
-                j -= 1
-        start = feasible if feasible is not None else start
+        moved = False
+        while j < len(frequencies_hz) and fits(b, j):
+            moved, j = True, j + 1
+        if not moved:  # f*_b is below the starting point: step down (noise may need more)
+            k = j - 1
+            while k >= 0 and not fits(b, k):
+                k -= 1
+            j = max(k + 1, 0)
     return visited
 
 
@@ -179,6 +176,6 @@ def profile(
         simulated=device.simulated,
         mode="staircase" if staircase_mode else "grid",
         power_cap_w=power_cap_w if staircase_mode else None,
-        produced_by=software_versions(),
+        produced_by=software_versions() | getattr(device, "software", {}),
         points_measured=len(measured),
     )

@@ -64,6 +64,7 @@ class ProfilingOptions(Strict):
     warmup_batches: int = Field(1, ge=0)
     measure_batches: int = Field(3, gt=0)
     mode: Literal["grid", "staircase"] = "grid"
+    force: bool = Field(False, description="profile again even when a current table exists")
 
 
 class JobSpec(Strict):
@@ -150,6 +151,7 @@ class DeviceInfo(Strict):
     power_envelope_w: list[float] | None = Field(
         None, description="model-agnostic full-load board power per frequency (W), for Baseline 1"
     )
+    software: dict[str, str] = Field(default_factory=dict, description="versions its tables are made with")
     hostname: str = ""
     registered_at: datetime = Field(default_factory=utc_now)
     heartbeat_at: datetime = Field(default_factory=utc_now)

@@ -161,6 +161,9 @@ class Store:
             p.execute()
         self.event(job_id, "submitted")
 
+    def job_created_at(self, job_id: str) -> datetime:
+        return datetime.fromisoformat(json.loads(self.r.get(f"{PREFIX}:job:{job_id}"))["created_at"])
+
     def job_spec(self, job_id: str) -> JobSpec | None:
         raw = self.r.get(f"{PREFIX}:job:{job_id}")
         return JobSpec.model_validate(json.loads(raw)["spec"]) if raw else None

@@ -9,9 +9,10 @@ claimed in Redis first, so repeated or concurrent advances are harmless.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from edgetrain.common.estimation import vector_key
 from edgetrain.common.models import get_model
-from edgetrain.common.profiling import software_versions
 from edgetrain.common.schemas import (
     TERMINAL,
     DeviceInfo,
@@ -45,14 +46,20 @@ def notify_waiters(resource: str) -> None:
         advance_job.delay(job_id)
 
 
-def table_problem(table: ProfileTable, power_cap_w: float | None) -> str | None:
-    """Why a stored table cannot serve this cap, or None when it can."""
-    current = software_versions()
-    changed = {k: (table.produced_by.get(k), v) for k, v in current.items() if table.produced_by.get(k) != v}
+def table_problem(
+    table: ProfileTable, info: DeviceInfo, power_cap_w: float | None, not_before: datetime | None = None
+) -> str | None:
+    """Why a stored table cannot serve this device and cap, or None when it can.
+
+    A table made by other software than the device runs now (edgetrain, torch, CUDA or
+    JetPack versions) is not reused; nor is one older than `not_before` (a forced profile)."""
+    changed = {k: (table.produced_by.get(k), v) for k, v in info.software.items() if table.produced_by.get(k) != v}
     if changed:
-        return f"made by different software {changed}"
+        return f"made by other software (table, device): {changed}"
     if table.mode == "staircase" and table.power_cap_w != power_cap_w:
         return f"staircase table for cap {table.power_cap_w} W, not {power_cap_w} W"
+    if not_before is not None and table.created_at < not_before:
+        return "the job asks to profile again (force)"
     return None
 
 
@@ -92,7 +99,8 @@ def _advance_part(job_id: str, spec: JobSpec, target: DeviceTarget, part: Device
     tid = table_id(info.device_type, spec.model, entry.input_shape)
     vkey = vector_key(spec.estimation_request())
     table, vector = s.table(tid), s.vector(vkey)
-    if table is not None and (problem := table_problem(table, target.power_cap_w)):
+    not_before = s.job_created_at(job_id) if spec.profiling.force else None
+    if table is not None and (problem := table_problem(table, info, target.power_cap_w, not_before)):
         if s.claim(f"stale:{tid}:{job_id}", job_id):
             s.event(job_id, f"table {tid} not reused: {problem}")
         table = None
@@ -101,7 +109,7 @@ def _advance_part(job_id: str, spec: JobSpec, target: DeviceTarget, part: Device
             _fail(job_id, part, reason)
             return
     if table is None:
-        _ensure_table(job_id, spec, target, info, tid)
+        _ensure_table(job_id, spec, target, info, tid, not_before)
     if vector is None:
         _ensure_vector(job_id, spec, vkey)
     if table is None or vector is None:
@@ -133,12 +141,14 @@ def _advance_part(job_id: str, spec: JobSpec, target: DeviceTarget, part: Device
         app.send_task("edgetrain.finetune", args=[job_id, target.device_id], queue=device_queue(target.device_id))
 
 
-def _ensure_table(job_id: str, spec: JobSpec, target: DeviceTarget, info: DeviceInfo, tid: str) -> None:
+def _ensure_table(
+    job_id: str, spec: JobSpec, target: DeviceTarget, info: DeviceInfo, tid: str, not_before: datetime | None
+) -> None:
     s = store()
     resource = table_resource(tid)
     s.add_waiter(resource, job_id)
     fresh = s.table(tid)
-    if fresh is not None and table_problem(fresh, target.power_cap_w) is None:  # produced since we looked
+    if fresh is not None and table_problem(fresh, info, target.power_cap_w, not_before) is None:  # produced since we looked
         advance_job.delay(job_id)
     elif s.claim(resource, job_id):
         s.event(job_id, f"profiling {tid} on {info.device_id} ({spec.profiling.mode})")

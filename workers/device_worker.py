@@ -9,6 +9,7 @@ import zlib
 from pathlib import Path
 
 from edgetrain.common.devices.base import Device, DeviceError
+from edgetrain.common.profiling import software_versions
 from edgetrain.common.schemas import DeviceInfo
 from edgetrain.common.settings import get_settings
 from edgetrain.common.store import Store
@@ -44,6 +45,7 @@ def device_info(device_id: str, device: Device) -> DeviceInfo:
         memory_bytes=device.memory_bytes,
         simulated=device.simulated,
         power_envelope_w=device.power_envelope_w,
+        software=software_versions() | getattr(device, "software", {}),
         hostname=socket.gethostname(),
     )
 

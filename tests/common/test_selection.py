@@ -22,8 +22,9 @@ F = [100, 200, 300, 400, 500, 600, 700, 800]
 
 def random_monotone_table(rng: random.Random, holes: float = 0.0) -> ProfileTable:
     """Power rises with b and f, time falls with f; some points unmeasured (None)."""
-    base = [rng.uniform(0.5, 1.5) for _ in B]
-    power = [[2 + (i + 1) * 0.3 * base[i] * (j + 1) ** 1.3 * 0.2 for j in range(len(F))] for i in range(len(B))]
+    steps = [rng.uniform(0.2, 0.6) for _ in B]
+    coef = [sum(steps[: i + 1]) for i in range(len(B))]  # rises with the batch size
+    power = [[2 + coef[i] * 0.3 * (j + 1) ** 1.3 for j in range(len(F))] for i in range(len(B))]
     time = [[rng.uniform(1, 3) * 1000 / F[j] * (1 + 8 / b) for j in range(len(F))] for b in B]
     if holes:
         for row in (power, time):

@@ -1,0 +1,132 @@
+import random
+from datetime import timedelta
+
+import pytest
+
+from edgetrain.common.devices.base import Measurement
+from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
+from edgetrain.common.models import get_model
+from edgetrain.common.profiling import profile, software_versions, staircase
+from edgetrain.common.schemas import DeviceInfo, LearningRatePolicy, ProfileTable, ProfilingOptions, RelationVector, utc_now
+from edgetrain.common.selection import InfeasibleCapError, select
+from edgetrain.tasks.workflow import table_problem
+from tests.common.test_selection import B, F, random_monotone_table
+
+SMALL = get_model("smallcnn")
+LR = LearningRatePolicy()
+
+
+class RecordedDevice:
+    """A device that replays a recorded grid of step times and peak powers."""
+
+    device_type, backend, simulated = "recorded", "recorded", True
+
+    def __init__(self, table: ProfileTable, max_batch: int | None = None):
+        self.table, self.max_batch, self.f = table, max_batch, None
+        self.frequencies_hz, self.memory_bytes, self.power_envelope_w = table.frequencies_hz, 1, None
+
+    def set_frequency(self, frequency_hz: int) -> None:
+        self.f = frequency_hz
+
+    def bind_workload(self, workload) -> None:
+        pass
+
+    def fits(self, batch_size: int) -> bool:
+        return self.max_batch is None or batch_size <= self.max_batch
+
+    def run_steps(self, step, batch_size: int, steps: int) -> Measurement:
+        i, j = self.table.batch_sizes.index(batch_size), self.table.frequencies_hz.index(self.f)
+        per_step = self.table.time_s[i][j] * batch_size / self.table.samples
+        p = self.table.peak_power_w[i][j]
+        return Measurement(steps, batch_size, per_step * steps, per_step * steps * p, p, p, True)
+
+    def restore(self) -> None:
+        self.f = None
+
+
+def fstar(table: ProfileTable, b: int, cap: float):
+    row = table.peak_power_w[table.batch_sizes.index(b)]
+    return max((j for j, p in enumerate(row) if p is not None and p <= cap), default=None)
+
+
+def selection_or_none(table, vector, cap):
+    try:
+        s = select(table, vector, cap)
+        return s.batch_size, s.frequency_hz
+    except InfeasibleCapError:
+        return None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_staircase_and_grid_select_the_same_on_random_monotone_tables(seed: int) -> None:
+    rng = random.Random(seed)
+    truth = random_monotone_table(rng)
+    vector = RelationVector(batch_sizes=B, ratios=[rng.uniform(0.3, 2.0) for _ in B[:-1]] + [1.0])
+    options = ProfilingOptions(samples=truth.samples, warmup_batches=0, measure_batches=1)
+    grid = profile(RecordedDevice(truth), SMALL, B, options, LR)
+    assert grid.points_measured == len(B) * len(F)
+    for cap in sorted(rng.uniform(2.0, 8.0) for _ in range(6)):
+        stairs = profile(RecordedDevice(truth), SMALL, B, options.model_copy(update={"mode": "staircase"}), LR, cap)
+        stuck = sum(1 for b in B[:-1] if fstar(stairs, b, cap) == fstar(stairs, b * 2, cap) or fstar(stairs, b, cap) is None)
+        assert stairs.mode == "staircase" and stairs.points_measured <= len(B) + len(F) + stuck + 1
+        assert selection_or_none(stairs, vector, cap) == selection_or_none(grid, vector, cap)
+
+
+def test_staircase_visits_at_most_b_plus_f_points_on_monotone_data() -> None:
+    power = {(b, f): b * 0.01 + f * 0.002 for b in B for f in F}
+    visited = staircase(lambda b, f: power[(b, f)], B, F, power_cap_w=1.5)
+    assert len(visited) <= len(B) + len(F)
+    assert visited[0] == (128, F[0])  # largest batch, lowest frequency first
+    assert len(set(visited)) == len(visited)
+
+
+def profile_twin(mode: str, cap: float | None, seed: int, batch_sizes=(4, 16, 64)) -> ProfileTable:
+    device = SimulatedDevice(load_twin("jetson-nano"), seed=seed)
+    options = ProfilingOptions(mode=mode, measure_batches=2)
+    return profile(device, SMALL, list(batch_sizes), options, LR, cap)
+
+
+def test_staircase_and_grid_agree_on_a_noisy_twin() -> None:
+    vector = RelationVector(batch_sizes=[4, 16, 64], ratios=[0.4, 0.5, 1.0])
+    grid = profile_twin("grid", None, seed=11)
+    values = sorted({p for row in grid.peak_power_w for p in row})
+    gaps = [(b - a, (a + b) / 2) for a, b in zip(values, values[1:]) if b - a >= 0.15]
+    caps = [mid for _, mid in gaps][:4]
+    assert caps, "the twin's power levels should leave room for caps between them"
+    for cap in caps:
+        stairs = profile_twin("staircase", cap, seed=12)
+        for row_g, row_s in zip(grid.peak_power_w, stairs.peak_power_w):
+            feasible_g = max((j for j, p in enumerate(row_g) if p <= cap), default=None)
+            feasible_s = max((j for j, p in enumerate(row_s) if p is not None and p <= cap), default=None)
+            assert feasible_g == feasible_s  # the same f*_b per batch size
+        chosen_g, chosen_s = select(grid, vector, cap), select(stairs, vector, cap)
+        objectives = sorted(
+            grid.time_s[i][j] * vector.ratios[i]
+            for i, row in enumerate(grid.peak_power_w)
+            for j in [max((j for j, p in enumerate(row) if p <= cap), default=None)]
+            if j is not None
+        )
+        if len(objectives) < 2 or objectives[1] > 1.05 * objectives[0]:  # a clear winner
+            assert (chosen_s.batch_size, chosen_s.frequency_hz) == (chosen_g.batch_size, chosen_g.frequency_hz)
+
+
+def test_memory_limit_is_found_and_stored() -> None:
+    spec = load_twin("jetson-nano").model_copy(update={"memory_bytes": load_twin("jetson-nano").reserved_memory_bytes + 40_000_000})
+    device = SimulatedDevice(spec)
+    table = profile(device, SMALL, [4, 16, 64, 128], ProfilingOptions(measure_batches=1, warmup_batches=0), LR)
+    assert table.max_batch_size == 64  # 2 x 128 x 0.18 MB of activations does not fit in 40 MB
+    assert all(p is None for p in table.peak_power_w[-1]) and all(p is not None for p in table.peak_power_w[-2])
+    vector = RelationVector(batch_sizes=[4, 16, 64, 128], ratios=[9.0, 9.0, 9.0, 0.001])
+    assert select(table, vector, None).batch_size != 128
+
+
+def test_tables_record_what_produced_them_and_stale_ones_are_refused() -> None:
+    table = profile_twin("grid", None, seed=1, batch_sizes=(4,))
+    assert table.produced_by == software_versions() and table.produced_by["torch"]
+    info = DeviceInfo(device_id="n", device_type="jetson-nano", backend="sim", frequencies_hz=[1], memory_bytes=1, simulated=True, software=software_versions())
+    assert table_problem(table, info, None) is None
+    newer = info.model_copy(update={"software": software_versions() | {"torch": "99.0"}})
+    assert "torch" in table_problem(table, newer, None)
+    assert "force" in table_problem(table, info, None, not_before=utc_now() + timedelta(seconds=1))
+    stairs = table.model_copy(update={"mode": "staircase", "power_cap_w": 4.0})
+    assert table_problem(stairs, info, 4.0) is None and "staircase" in table_problem(stairs, info, 5.0)
