@@ -129,3 +129,27 @@ def test_cli_fleet_submit_and_status(cluster, tmp, first_job) -> None:
     bad.write_text(json.dumps({"model": "smallcnn"}))
     rejected = _cli(cluster, "submit", str(bad))
     assert rejected.returncode == 2 and "dataset: Field required" in rejected.stderr
+
+
+def test_stale_table_is_not_silently_reused(cluster, client, first_job) -> None:
+    store = cluster.store()
+    tid = table_id("jetson-tx2-nx", "smallcnn", get_model("smallcnn").input_shape)
+    stale = store.table(tid)
+    stale.produced_by["torch"] = "1.10.0"
+    store.put_table(stale)
+    status = client.wait(client.submit(job([{"device_id": "tx2nx-1", "power_cap_w": 5.0}])), timeout_s=TIMEOUT_S)
+    assert status.state.value == "completed"
+    assert any("not reused" in e and "torch" in e for e in status.events), status.events
+    assert any("profiling" in e for e in status.events)
+    assert store.table(tid).produced_by["torch"] != "1.10.0"
+
+
+def test_force_profiles_again(cluster, client, first_job) -> None:
+    store = cluster.store()
+    tid = table_id("jetson-nano", "smallcnn", get_model("smallcnn").input_shape)
+    before = store.table(tid).created_at
+    spec = job([{"device_id": "nano-2", "power_cap_w": 3.0}])
+    spec["profiling"] = {"force": True}
+    status = client.wait(client.submit(spec), timeout_s=TIMEOUT_S)
+    assert status.state.value == "completed"
+    assert store.table(tid).created_at > before
