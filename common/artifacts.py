@@ -63,5 +63,10 @@ def initial_model(model_name: str, weights: str, num_classes: int) -> nn.Module:
         return build_model(model_name, num_classes, int(seed))
     model = build_model(model_name, num_classes, 0)
     state = torch.load(io.BytesIO(get_bytes(weights)), map_location="cpu", weights_only=True)
-    model.load_state_dict(state)
+    own = model.state_dict()
+    unknown = sorted(set(state) - set(own))
+    if unknown:
+        raise ArtifactError(f"weights: {weights} is not a {model_name} checkpoint (unexpected keys {unknown[:3]})")
+    # the classifier head is new when the pre-training task had another number of classes
+    model.load_state_dict({k: v for k, v in state.items() if v.shape == own[k].shape}, strict=False)
     return model

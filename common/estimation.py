@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import statistics
+from pathlib import Path
 
-from .artifacts import initial_model
+from .artifacts import initial_model, put_state_dict
 from .datasets import load_dataset
 from .models import get_model
-from .schemas import EstimationRequest, RelationVector, TrainingOutcome
+from .schemas import DatasetRef, EstimationRequest, LearningRatePolicy, RelationVector, TrainingOutcome
 from .training import Trainer, make_optimizer, train_to_accuracy
 
 SPLIT_SEED = 0  # the proxy's train/test split is the same for every batch size and seed
@@ -59,3 +60,18 @@ def aggregate(request: EstimationRequest, outcomes: list[TrainingOutcome]) -> Re
         reference_batch_size=reference_b,
         request=request.model_dump(mode="json"),
     )
+
+
+def pretrain(
+    model_name: str, dataset: DatasetRef, samples: int, batch_size: int, lr: LearningRatePolicy, seed: int, folder: Path
+) -> tuple[str, float]:
+    """Train `model_name` from a seeded initialisation on `dataset` for `samples` samples and
+    publish the weights to the artifact store; returns (weights URL, test accuracy)."""
+    entry = get_model(model_name)
+    data = load_dataset(dataset, entry, SPLIT_SEED)
+    model = initial_model(model_name, f"init:{seed}", data.num_classes)
+    trainer = Trainer(model, make_optimizer(model, lr, batch_size), batch_size, data.train, data.test, seed)
+    while trainer.samples < samples:
+        trainer.step()
+    name = f"{model_name}-{dataset.name}-{samples}"
+    return put_state_dict(trainer.model.cpu(), name, folder), trainer.evaluate()

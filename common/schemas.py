@@ -236,6 +236,7 @@ class TrainingOutcome(Strict):
     samples_processed: int
     evaluations: int
     wall_s: float
+    worker: str | None = None  # the worker node that ran it
 
 
 # --------------------------------------------------------------------------- selection and reports

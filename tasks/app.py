@@ -46,6 +46,7 @@ def create_app(redis_url: str) -> Celery:
         task_routes={
             "edgetrain.estimate_relation_vector": {"queue": SERVER_QUEUE},
             "edgetrain.train_proxy": {"queue": SERVER_QUEUE},
+            "edgetrain.pretrain": {"queue": SERVER_QUEUE},
             "edgetrain.advance_job": {"queue": CONTROL_QUEUE},
         },
     )

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from pydantic import ValidationError
 
 from edgetrain.common.datasets import dataset_names
 from edgetrain.common.models import get_model
-from edgetrain.common.schemas import TERMINAL, DeviceInfo, JobSpec, JobStatus
+from edgetrain.common.estimation import vector_key
+from edgetrain.common.schemas import TERMINAL, DeviceInfo, EstimationRequest, JobSpec, JobStatus, RelationVector
 from edgetrain.common.store import Store
 
-from .app import CONTROL_QUEUE, create_app
+from .app import CONTROL_QUEUE, SERVER_QUEUE, create_app
 
 
 class JobSpecError(ValueError):
@@ -44,6 +45,19 @@ def validate_job(spec: JobSpec | dict[str, Any]) -> JobSpec:
     return job
 
 
+T = TypeVar("T")
+
+
+def poll_until(check: Callable[[], T | None], timeout_s: float | None, poll_s: float, what: str) -> T:
+    """Call `check` every `poll_s` seconds until it returns a value; TimeoutError after `timeout_s`."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while (value := check()) is None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not finished after {timeout_s} s")
+        time.sleep(poll_s)
+    return value
+
+
 class EdgeTrainClient:
     def __init__(self, redis_url: str):
         self.redis_url = redis_url
@@ -72,16 +86,14 @@ class EdgeTrainClient:
         poll_s: float = 0.5,
     ) -> JobStatus:
         """Poll until every device part is completed or failed; `on_update` sees each status."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
+
+        def finished() -> JobStatus | None:
             status = self.status(job_id)
             if on_update:
                 on_update(status)
-            if all(p.state in TERMINAL for p in status.parts.values()):
-                return status
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} not finished after {timeout_s} s (state {status.state.value})")
-            time.sleep(poll_s)
+            return status if all(p.state in TERMINAL for p in status.parts.values()) else None
+
+        return poll_until(finished, timeout_s, poll_s, f"job {job_id}")
 
     def report(self, job_id: str) -> dict[str, Any]:
         """The job's result per device, as JSON-able data."""
@@ -89,6 +101,24 @@ class EdgeTrainClient:
 
     def fleet(self) -> list[DeviceInfo]:
         return self.store.fleet()
+
+    def estimate(self, request: EstimationRequest | dict[str, Any], timeout_s: float | None = None) -> RelationVector:
+        """Estimate (or fetch the cached) relation vector on the server pool and wait for it."""
+        req = request if isinstance(request, EstimationRequest) else EstimationRequest.model_validate(request)
+        key = vector_key(req)
+        self.app.send_task("edgetrain.estimate_relation_vector", args=[req.model_dump(mode="json")], queue=SERVER_QUEUE)
+
+        def ready() -> RelationVector | None:
+            if reason := self.store.failure(f"vector:{key}"):
+                raise RuntimeError(reason)
+            return self.store.vector(key)
+
+        return poll_until(ready, timeout_s, 0.5, f"relation vector {key}")
+
+    def pretrain(self, model: str, dataset: dict[str, Any], samples: int, timeout_s: float | None = None, **options: Any) -> dict:
+        """Pre-train on a server worker; returns {"weights": URL, "test_accuracy": ...}."""
+        result = self.app.send_task("edgetrain.pretrain", args=[model, dataset, samples], kwargs=options, queue=SERVER_QUEUE)
+        return result.get(timeout=timeout_s)
 
 
 def job_report(status: JobStatus) -> dict[str, Any]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from celery import Task
 
-from edgetrain.common.estimation import aggregate, train_proxy as run_proxy, vector_key
-from edgetrain.common.schemas import EstimationRequest
+from edgetrain.common.estimation import aggregate, pretrain as run_pretrain, train_proxy as run_proxy, vector_key
+from edgetrain.common.schemas import DatasetRef, EstimationRequest, LearningRatePolicy
+from edgetrain.common.settings import get_settings
 
 from .app import SERVER_QUEUE, app
 from .context import attempts_exceeded, store
@@ -41,7 +42,7 @@ def train_proxy(self: Task, request: dict, batch_size: int, seed: int) -> dict:
         notify_waiters(resource)
         return {"failed": "worker lost"}
     try:
-        outcome = run_proxy(req, batch_size, seed)
+        outcome = run_proxy(req, batch_size, seed).model_copy(update={"worker": self.request.hostname})
     except Exception as exc:
         s.fail(resource, f"relation vector estimation failed (b={batch_size}, seed={seed}): {exc}")
         notify_waiters(resource)
@@ -52,3 +53,13 @@ def train_proxy(self: Task, request: dict, batch_size: int, seed: int) -> dict:
         s.release(resource)
         notify_waiters(resource)
     return outcome.model_dump(mode="json")
+
+
+@app.task(name="edgetrain.pretrain")
+def pretrain(model: str, dataset: dict, samples: int, batch_size: int = 128, lr: dict | None = None, seed: int = 0) -> dict:
+    """Pre-train on the server and publish the weights; returns their URL for job specs."""
+    url, accuracy = run_pretrain(
+        model, DatasetRef.model_validate(dataset), samples, batch_size,
+        LearningRatePolicy.model_validate(lr or {}), seed, get_settings().artifact_dir,
+    )  # fmt: skip
+    return {"weights": url, "test_accuracy": accuracy}
