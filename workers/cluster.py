@@ -80,7 +80,6 @@ class LocalCluster:
         if self.redis_url is None:
             self._redis = EmbeddedRedis(self.workdir / "redis")
             self.redis_url = self._redis.url
-        env = {**os.environ, "EDGETRAIN_REDIS_URL": self.redis_url, "EDGETRAIN_TORCH_THREADS": "1", **self.env}
         logs = self.workdir / "logs"
         self.workers = [WorkerProcess("control", ["worker", "control"], logs / "control.log")]
         self.workers += [WorkerProcess(f"server-{i}", ["worker", "server", "--name", f"server-{i}"], logs / f"server-{i}.log") for i in range(self.server_workers)]
@@ -89,7 +88,23 @@ class LocalCluster:
             for d, b in self.devices.items()
         ]
         for w in self.workers:
-            w.start(env)
+            w.start(self._worker_env())
+        self.wait_ready(timeout_s)
+
+    def _worker_env(self) -> dict[str, str]:
+        return {**os.environ, "EDGETRAIN_REDIS_URL": self.redis_url, "EDGETRAIN_TORCH_THREADS": "1", **self.env}
+
+    def worker(self, name: str) -> WorkerProcess:
+        return next(w for w in self.workers if w.name == name)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a worker process (no warm shutdown: its task stays unacknowledged)."""
+        w = self.worker(name)
+        w.signal(signal.SIGKILL)
+        w.process.wait()
+
+    def restart(self, name: str, timeout_s: float = 120.0) -> None:
+        self.worker(name).start(self._worker_env())
         self.wait_ready(timeout_s)
 
     def wait_ready(self, timeout_s: float) -> None:
