@@ -17,7 +17,7 @@ from edgetrain.common.workload import measure_workload
 
 from .app import app
 from .context import attempts_exceeded, bound_device, store
-from .workflow import advance_job, notify_waiters, table_resource
+from .workflow import advance_job, fail_resource, notify_waiters, table_resource
 
 SPLIT_SEED = 0
 
@@ -38,8 +38,7 @@ def profile_device(
     resource = table_resource(table_id(device.device_type, model, entry.input_shape))
     s = store()
     if attempts_exceeded(self.request.id):
-        s.fail(resource, f"profiling on {device_id} was interrupted too many times (worker lost)")
-        notify_waiters(resource)
+        fail_resource(resource, f"profiling on {device_id} was interrupted too many times (worker lost)")
         return {"failed": "worker lost"}
     try:
         table = profile(
@@ -47,8 +46,7 @@ def profile_device(
             LearningRatePolicy.model_validate(lr), power_cap_w,
         )  # fmt: skip
     except Exception as exc:
-        s.fail(resource, f"profiling on {device_id} failed: {exc}")
-        notify_waiters(resource)
+        fail_resource(resource, f"profiling on {device_id} failed: {exc}")
         raise
     tid = s.put_table(table)
     s.release(resource)

@@ -10,7 +10,7 @@ from edgetrain.common.settings import get_settings
 
 from .app import SERVER_QUEUE, app
 from .context import attempts_exceeded, store
-from .workflow import notify_waiters, vector_resource
+from .workflow import fail_resource, notify_waiters, vector_resource
 
 
 @app.task(name="edgetrain.estimate_relation_vector")
@@ -38,14 +38,12 @@ def train_proxy(self: Task, request: dict, batch_size: int, seed: int) -> dict:
     resource = vector_resource(key)
     s = store()
     if attempts_exceeded(self.request.id):
-        s.fail(resource, f"proxy training b={batch_size} seed={seed} was interrupted too many times (worker lost)")
-        notify_waiters(resource)
+        fail_resource(resource, f"proxy training b={batch_size} seed={seed} was interrupted too many times (worker lost)")
         return {"failed": "worker lost"}
     try:
         outcome = run_proxy(req, batch_size, seed).model_copy(update={"worker": self.request.hostname})
     except Exception as exc:
-        s.fail(resource, f"relation vector estimation failed (b={batch_size}, seed={seed}): {exc}")
-        notify_waiters(resource)
+        fail_resource(resource, f"relation vector estimation failed (b={batch_size}, seed={seed}): {exc}")
         raise
     count = s.put_vector_part(key, outcome)
     if count == len(req.batch_sizes) * len(req.seeds) and s.claim(f"aggregate:{key}", self.request.id):

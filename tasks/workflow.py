@@ -46,6 +46,12 @@ def notify_waiters(resource: str) -> None:
         advance_job.delay(job_id)
 
 
+def fail_resource(resource: str, reason: str) -> None:
+    """Producing a table or vector failed: record why and wake the jobs waiting for it."""
+    store().fail(resource, reason)
+    notify_waiters(resource)
+
+
 def table_problem(
     table: ProfileTable, info: DeviceInfo, power_cap_w: float | None, not_before: datetime | None = None
 ) -> str | None:
