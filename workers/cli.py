@@ -138,6 +138,14 @@ def cmd_select(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_device_inspect(args: argparse.Namespace) -> int:
+    from edgetrain.common.devices.jetson import format_inspect, inspect
+
+    info = inspect(args.sysfs_root)
+    _print_json(info) if args.json else print(format_inspect(info))
+    return 0
+
+
 def cmd_flower(args: argparse.Namespace) -> int:
     from edgetrain.tasks.app import app
 
@@ -192,6 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--power-cap-w", type=float, help="board power cap (W); omit for none")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_select)
+
+    p = sub.add_parser("device", help="look at this machine's device")
+    device_sub = p.add_subparsers(dest="device_command", required=True)
+    p = device_sub.add_parser("inspect", help="Jetson board family, GPU frequencies, power rails")
+    p.add_argument("--sysfs-root", type=Path, default=Path("/"), help="root of the sysfs tree (default /)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_device_inspect)
 
     p = sub.add_parser("flower", help="run Flower (Celery monitoring) for this cluster")
     p.add_argument("--port", type=int, default=5555)

@@ -3,6 +3,7 @@ consumes only `device.<id>`, one task at a time; original settings are restored 
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import zlib
@@ -73,7 +74,12 @@ class Heartbeat(threading.Thread):
         self.store.unregister_device(self.info.device_id)
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run_device_worker(device_id: str, device: Device, loglevel: str = "INFO") -> None:
+    from edgetrain.common.devices.lifecycle import restore_on_signals
     from edgetrain.tasks.app import device_queue
     from edgetrain.tasks.context import bind_device
 
@@ -84,6 +90,12 @@ def run_device_worker(device_id: str, device: Device, loglevel: str = "INFO") ->
     store.register_device(info, settings.heartbeat_ttl_s)
     heartbeat = Heartbeat(store, info)
     heartbeat.start()
+    # Until Celery installs its own handlers, SIGTERM/SIGINT restore and exit through the
+    # `finally` below; afterwards a SIGTERM is a warm shutdown (the running task finishes at
+    # its pinned frequency) before that `finally` restores; an exit hook covers the rest.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _exit_on_signal)
+    restore_on_signals(device)
     try:
         run_worker([device_queue(device_id)], f"device-{device_id}", concurrency=1, pool="solo", loglevel=loglevel)
     finally:
