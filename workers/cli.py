@@ -13,6 +13,8 @@ from pydantic import ValidationError
 
 from edgetrain.common.settings import get_settings
 
+from .profile_cli import add_profile_commands
+
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -200,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--power-cap-w", type=float, help="board power cap (W); omit for none")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_select)
+
+    add_profile_commands(sub)
 
     p = sub.add_parser("device", help="look at this machine's device")
     device_sub = p.add_subparsers(dest="device_command", required=True)
