@@ -248,6 +248,15 @@ class JetsonDevice:
     def power_envelope_w(self) -> list[float] | None:
         return None
 
+    @property
+    def software(self) -> dict[str, str]:
+        """The board's L4T (JetPack) release from etc/nv_tegra_release, e.g. {"l4t": "R32.7.1"}."""
+        release = self.root / "etc/nv_tegra_release"
+        if not release.is_file():
+            return {}
+        match = re.match(r"#\s*(R\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", read_attr(self._io, release))
+        return {"l4t": f"{match[1]}.{match[2]}"} if match else {}
+
     def set_frequency(self, frequency_hz: int) -> None:
         """Pin the GPU by writing `frequency_hz` (Hz) to min_freq and max_freq, then check cur_freq."""
         if frequency_hz not in self._frequencies:

@@ -59,6 +59,12 @@ class NvmlDevice:
         return list(self._frequencies)
 
     @property
+    def software(self) -> dict[str, str]:
+        """The NVIDIA driver version a table is made with."""
+        version = self._call("nvmlSystemGetDriverVersion")
+        return {"nvidia_driver": version.decode() if isinstance(version, bytes) else str(version)}
+
+    @property
     def memory_bytes(self) -> int:
         return int(self._call("nvmlDeviceGetMemoryInfo", self._handle).total)
 

@@ -231,3 +231,11 @@ def test_inspect_without_a_total_rail_or_any_rail(tmp_path: Path) -> None:
     info = inspect(tmp_path / "bare")
     assert info["rails"] == [] and info["total_power_w"] is None
     assert "no INA3221 power monitor found" in format_inspect(info)
+
+
+def test_l4t_release_is_reported_for_tables(tmp_path) -> None:
+    build_nano(tmp_path)
+    assert JetsonDevice(tmp_path).software == {}
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/nv_tegra_release").write_text("# R32 (release), REVISION: 7.1, GCID: 29818004, BOARD: t210ref, EABI: aarch64\n")
+    assert JetsonDevice(tmp_path).software == {"l4t": "R32.7.1"}

@@ -46,6 +46,9 @@ class FakeNvml:
     def nvmlDeviceGetName(self, handle: str) -> str | bytes:
         return self.name
 
+    def nvmlSystemGetDriverVersion(self) -> bytes:
+        return b"580.65.06"
+
     def nvmlDeviceGetSupportedMemoryClocks(self, handle: str) -> list[int]:
         return list(self.GRAPHICS_MHZ)[::-1]
 
@@ -134,3 +137,7 @@ def test_energy_falls_back_to_power_samples() -> None:
     nvml = FakeNvml(fail={"nvmlDeviceGetTotalEnergyConsumption": FakeNvml.NVML_ERROR_NOT_SUPPORTED})
     m = NvmlDevice(nvml=nvml).run_steps(lambda: time.sleep(0.05), batch_size=1, steps=2)
     assert m.mean_power_w == 250.0 and m.energy_j == pytest.approx(250.0 * m.elapsed_s)
+
+
+def test_driver_version_is_reported_for_tables() -> None:
+    assert NvmlDevice(nvml=FakeNvml()).software == {"nvidia_driver": "580.65.06"}
