@@ -140,6 +140,27 @@ def cmd_select(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    from edgetrain.common.data_fetch import fetch, status
+
+    data_dir = get_settings().data_dir
+    if args.data_command == "status":
+        result = status(data_dir)
+        _print_json(result) if args.json else print("\n".join(f"{k:<14} {'ok' if v is True else v}" for k, v in result.items()))
+        return 0
+    try:
+        result = fetch(args.names or None, data_dir)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.json:
+        _print_json(result)
+    for name, r in result.items():
+        if not args.json:
+            print(f"{name:<14} {r['status']:<8} {r.get('path') or r.get('error')}")
+    return 0 if all(r["status"] != "failed" for r in result.values()) else 1
+
+
 def cmd_device_inspect(args: argparse.Namespace) -> int:
     from edgetrain.common.devices.jetson import format_inspect, inspect
 
@@ -204,6 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_select)
 
     add_profile_commands(sub)
+
+    p = sub.add_parser("data", help="get the datasets that ship offline, or see which are here")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    p = data_sub.add_parser("fetch", help="download into $EDGETRAIN_DATA_DIR (default: all fetchable)")
+    p.add_argument("names", nargs="*")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_data)
+    p = data_sub.add_parser("status", help="which datasets are available")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_data)
 
     p = sub.add_parser("device", help="look at this machine's device")
     device_sub = p.add_subparsers(dest="device_command", required=True)
