@@ -2,6 +2,8 @@
 
 import argparse
 import json
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -48,6 +50,14 @@ def test_show_json_round_trips_and_select_accepts_it(store, redis_server, stairc
     assert rc == 0
     choice = json.loads(capsys.readouterr().out)
     assert choice["batch_size"] in B and choice["peak_power_w"] <= 3.0
+
+
+def test_edgetrain_command_shows_the_table(store, redis_server, staircase_table) -> None:
+    store.put_table(staircase_table)
+    cmd = [sys.executable, "-m", "edgetrain.workers.cli", "--redis-url", redis_server.url, "profile", "show", "jetson-nano", "smallcnn", "--json"]
+    shown = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert ProfileTable.model_validate_json(shown.stdout) == staircase_table
 
 
 def test_show_prints_grids_and_plots(store, redis_server, staircase_table, tmp, capsys) -> None:
