@@ -155,9 +155,8 @@ def cmd_data(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         _print_json(result)
-    for name, r in result.items():
-        if not args.json:
-            print(f"{name:<14} {r['status']:<8} {r.get('path') or r.get('error')}")
+    else:
+        print("\n".join(f"{name:<14} {r['status']:<8} {r.get('path') or r.get('error')}" for name, r in result.items()))
     return 0 if all(r["status"] != "failed" for r in result.values()) else 1
 
 
