@@ -40,7 +40,7 @@ from edgetrain.common.schemas import (
     ProfilingOptions,
     RelationVector,
 )
-from edgetrain.common.selection import select
+from edgetrain.common.selection import Equation4
 
 CAPS_W = {"jetson-nano": (4.0, 5.0), "jetson-tx2-nx": (5.0, 6.0)}  # low and mid board power caps
 MODELS = ("resnet18", "mobilenet_v2", "smallcnn")
@@ -124,8 +124,8 @@ def objective_on(table: ProfileTable, vector: RelationVector, b: int, f: int) ->
 
 def compare(twin: str, model: str, cap: float, grid: Profiled, stair: Profiled, vector: RelationVector) -> dict:
     """One row: costs of both profiles, their selections under `cap`, and their shares of fine-tuning."""
-    chosen = select(grid.table, vector, cap)
-    from_stair = select(stair.table, vector, cap)
+    chosen = Equation4(vector).choose(grid.table, cap)
+    from_stair = Equation4(vector).choose(stair.table, cap)
     b, f = chosen.batch_size, chosen.frequency_hz
     # the staircase's choice timed on the grid: how much slower it is than the grid's choice (noise)
     loss_pct = 100 * (objective_on(grid.table, vector, from_stair.batch_size, from_stair.frequency_hz) / chosen.estimated_time_s - 1)

@@ -58,7 +58,7 @@ def aggregate(request: EstimationRequest, outcomes: list[TrainingOutcome]) -> Re
         resolution_samples=request.eval_every_samples,
         key=vector_key(request),
         reference_batch_size=reference_b,
-        request=request.model_dump(mode="json"),
+        request=request,
     )
 
 

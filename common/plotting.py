@@ -23,7 +23,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter
 
 from .schemas import ProfileTable, RelationVector, Selection
-from .selection import SelectionError, highest_feasible_index, select
+from .selection import Equation4, SelectionError, highest_feasible_index
 
 UNMEASURED = "#d9d9d9"
 NO_FIT = "#9e9e9e"
@@ -149,7 +149,7 @@ def describe_selection(
     what was selected, or why nothing was, and with which vector."""
     note = "relation vector given" if vector is not None else "no relation vector: r_b = 1 for all b"
     try:
-        choice = select(table, vector or unit_vector(table), power_cap_w)
+        choice = Equation4(vector or unit_vector(table)).choose(table, power_cap_w)
     except SelectionError as exc:
         return None, f"no selection: {exc}; {note}"
     return choice, (

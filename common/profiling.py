@@ -162,6 +162,7 @@ def profile(
         return value(measured[(b, f)]) if (b, f) in measured else None
 
     time_s = [[cell(b, f, lambda m, b=b: m.elapsed_s / m.steps * options.samples / b) for f in frequencies] for b in batch_sizes]
+    energy_j = [[cell(b, f, lambda m, b=b: m.energy_j / m.steps * options.samples / b) for f in frequencies] for b in batch_sizes]
     power = [_monotone([cell(b, f, lambda m: m.peak_power_w) for f in frequencies]) for b in batch_sizes]
     return ProfileTable(
         batch_sizes=batch_sizes,
@@ -169,6 +170,7 @@ def profile(
         samples=options.samples,
         time_s=time_s,
         peak_power_w=power,
+        energy_j=energy_j,
         max_batch_size=b_mem,
         device_type=device.device_type,
         model=entry.name,

@@ -160,17 +160,17 @@ class DeviceInfo(Strict):
 # --------------------------------------------------------------------------- lookup tables
 
 
-class ProfileTable(BaseModel):
-    """T[b][f] (s for `samples` samples) and peak P[b][f] (W); rows follow `batch_sizes`,
-    columns follow `frequencies_hz`; None = not measured. Extra metadata is kept."""
-
-    model_config = ConfigDict(extra="allow")
+class ProfileTable(Strict):
+    """T[b][f] (s for `samples` samples), peak P[b][f] (W) and energy E[b][f] (J for `samples`
+    samples); rows follow `batch_sizes`, columns follow `frequencies_hz`; None = not measured."""
 
     batch_sizes: list[int] = Field(min_length=1)
     frequencies_hz: list[int] = Field(min_length=1)
     samples: int = Field(gt=0)
     time_s: list[list[float | None]]
     peak_power_w: list[list[float | None]]
+    energy_j: list[list[float | None]] | None = Field(None, description="board energy for `samples` samples (J)")
+    points_measured: int | None = Field(None, description="(b, f) points measured to make the table")
     max_batch_size: int | None = Field(None, description="b_mem: largest batch that fits in memory")
     device_type: str | None = None
     model: str | None = None
@@ -184,8 +184,10 @@ class ProfileTable(BaseModel):
     @model_validator(mode="after")
     def _shapes(self) -> "ProfileTable":
         rows, cols = len(self.batch_sizes), len(self.frequencies_hz)
-        for name in ("time_s", "peak_power_w"):
+        for name in ("time_s", "peak_power_w", "energy_j"):
             table = getattr(self, name)
+            if table is None:
+                continue
             if len(table) != rows or any(len(r) != cols for r in table):
                 raise ValueError(
                     f"{name} must have {rows} rows (one per batch size) of {cols} values (one per frequency)"
@@ -197,18 +199,18 @@ class ProfileTable(BaseModel):
         return self
 
 
-class RelationVector(BaseModel):
+class RelationVector(Strict):
     """r_b = N_b / N_{b_max} from proxy training; None = censored (never reached the target)."""
-
-    model_config = ConfigDict(extra="allow")
 
     batch_sizes: list[int] = Field(min_length=1)
     ratios: list[float | None]
-    samples_mean: list[float | None] | None = None
-    samples_std: list[float | None] | None = None
+    samples_mean: list[float | None] | None = Field(None, description="N_b, mean over seeds (samples)")
+    samples_std: list[float | None] | None = Field(None, description="N_b, standard deviation over seeds (samples)")
     censored: list[bool] | None = None
-    resolution_samples: int | None = None
+    resolution_samples: int | None = Field(None, description="how finely N_b is known (samples)")
     key: str | None = None
+    reference_batch_size: int | None = Field(None, description="b_max: the largest batch size that reached the target")
+    request: EstimationRequest | None = Field(None, description="what the vector was estimated from")
 
     @model_validator(mode="after")
     def _shapes(self) -> "RelationVector":
@@ -243,9 +245,12 @@ class TrainingOutcome(Strict):
 
 
 class Selection(Strict):
+    """A chosen configuration and the estimate that chose it."""
+
+    strategy: str = Field("edgetrain", description="the selection strategy that chose it")
     batch_size: int
     frequency_hz: int
-    estimated_time_s: float = Field(description="objective of eq. (4): T[b][f] * r_b (s)")
+    estimated_time_s: float = Field(description="T[b][f] * r_b (s): the objective of eq. (4)")
     peak_power_w: float
 
 

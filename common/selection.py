@@ -1,15 +1,23 @@
-"""Selection of (batch size, GPU frequency): METHOD.md equation (4) and Baseline 1.
+"""Selection of (batch size, GPU frequency) under a board power cap, as strategies.
 
-    C = {(b, f*_b) : b in B, b <= b_mem, f*_b = max{f in F : P[b][f] <= P_max}}
-    select argmin over C of T[b][f] * r_b
+A strategy chooses one configuration from a lookup table (T[b][f] in s for N_s samples,
+peak P[b][f] in W) for a cap (W, None = no cap). The methods of docs/method.md:
 
-Peak power grows with frequency, so f*_b is found by binary search over the sorted
-frequencies of each row: O(|B| log |F|).
+- `Equation4` (edgetrain): C = {(b, f*_b) : b in B, b <= b_mem, f*_b = max{f : P[b][f] <= cap}},
+  select argmin over C of T[b][f*_b] * r_b. Peak power grows with frequency, so f*_b is a
+  binary search over the sorted frequencies of each row: O(|B| log |F|).
+- `Oracle`: equation (4) with r_b measured on the target data instead of the proxy.
+- `Baseline1` (state of practice): the largest batch that fits in memory, at the highest
+  frequency whose model-agnostic full-load power stays under the cap.
+- `Baseline2`: Baseline 1's frequency, and the batch size that minimises T[b][f] * r_b there.
 """
 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
 
 from .schemas import ProfileTable, RelationVector, Selection
 
@@ -29,7 +37,7 @@ class InfeasibleCapError(SelectionError):
 
 
 def highest_feasible_index(row: list[float | None], power_cap_w: float | None) -> int | None:
-    """Index of the highest frequency whose measured peak power is <= the cap (binary search).
+    """Index of the highest frequency whose measured peak power (W) is <= the cap (binary search).
 
     Unmeasured points (None) are skipped; the measured ones are assumed non-decreasing in f.
     """
@@ -41,14 +49,15 @@ def highest_feasible_index(row: list[float | None], power_cap_w: float | None) -
     lo, hi = 0, len(measured)  # invariant: measured[:lo] feasible, measured[hi:] infeasible
     while lo < hi:
         mid = (lo + hi) // 2
-        if row[measured[mid]] <= power_cap_w:
+        if row[measured[mid]] <= power_cap_w:  # type: ignore[operator]  # measured: not None
             lo = mid + 1
         else:
             hi = mid
     return measured[lo - 1] if lo else None
 
 
-def _allowed_batch_sizes(table: ProfileTable, vector: RelationVector) -> list[int]:
+def allowed_batch_sizes(table: ProfileTable, vector: RelationVector) -> list[int]:
+    """Batch sizes within the memory limit b_mem that have a finite ratio in the vector."""
     limit = table.max_batch_size or math.inf
     return [b for b in table.batch_sizes if b <= limit and vector.ratio(b) is not None]
 
@@ -66,48 +75,10 @@ def lowest_feasible_cap_w(table: ProfileTable, vector: RelationVector | None = N
     return min(values) if values else None
 
 
-def select(table: ProfileTable, vector: RelationVector, power_cap_w: float | None) -> Selection:
-    """Equation (4). Raises InfeasibleCapError when C is empty because of the cap."""
-    candidates = _allowed_batch_sizes(table, vector)
-    if not candidates:
-        raise SelectionError(
-            "no batch size is both in the lookup table (within its memory limit "
-            f"b_mem={table.max_batch_size}) and in the relation vector with a finite ratio: "
-            f"table {table.batch_sizes}, vector {vector.batch_sizes}"
-        )
-    best: Selection | None = None
-    for b in candidates:
-        i = table.batch_sizes.index(b)
-        j = highest_feasible_index(table.peak_power_w[i], power_cap_w)
-        if j is None or table.time_s[i][j] is None:
-            continue
-        objective = table.time_s[i][j] * vector.ratio(b)
-        if best is None or objective < best.estimated_time_s:
-            best = Selection(
-                batch_size=b,
-                frequency_hz=table.frequencies_hz[j],
-                estimated_time_s=objective,
-                peak_power_w=table.peak_power_w[i][j],
-            )
-    if best is None:
-        raise InfeasibleCapError(power_cap_w, lowest_feasible_cap_w(table, vector))
-    return best
-
-
-def baseline1(
-    table: ProfileTable,
-    vector: RelationVector,
-    power_cap_w: float | None,
-    power_envelope_w: list[float] | None,
-) -> Selection:
-    """Baseline 1: the largest batch that fits in memory, at the highest frequency whose
-    model-agnostic full-load power (`power_envelope_w`, one value per table frequency) stays
-    under the cap. Without an envelope the table's worst row stands in for it."""
-    candidates = _allowed_batch_sizes(table, vector)
-    if not candidates:
-        raise SelectionError("Baseline 1: no batch size fits in memory")
-    b = candidates[-1]
-    i = table.batch_sizes.index(b)
+def envelope_index(table: ProfileTable, power_cap_w: float | None, power_envelope_w: list[float] | None) -> int:
+    """Baseline 1's frequency index: the highest frequency whose model-agnostic full-load power
+    (W, one value per table frequency) is under the cap; without an envelope the table's
+    worst row stands in for it. InfeasibleCapError when even the lowest frequency is over."""
     if power_envelope_w is None:
         power_envelope_w = [
             max((row[j] for row in table.peak_power_w if row[j] is not None), default=math.inf)
@@ -115,23 +86,120 @@ def baseline1(
         ]
     j = highest_feasible_index(list(power_envelope_w), power_cap_w)
     if j is None:
+        assert power_cap_w is not None  # without a cap the highest frequency is feasible
         raise InfeasibleCapError(power_cap_w, min(power_envelope_w))
-    time_s = table.time_s[i][j]
-    if time_s is None:
-        raise SelectionError(f"Baseline 1: T[{b}][{table.frequencies_hz[j]}] was not measured")
+    return j
+
+
+def _selection(strategy: str, table: ProfileTable, vector: RelationVector, i: int, j: int) -> Selection:
+    time_s, power_w = table.time_s[i][j], table.peak_power_w[i][j]
+    assert time_s is not None
     return Selection(
-        batch_size=b,
+        strategy=strategy,
+        batch_size=table.batch_sizes[i],
         frequency_hz=table.frequencies_hz[j],
-        estimated_time_s=time_s * vector.ratio(b),
-        peak_power_w=table.peak_power_w[i][j] if table.peak_power_w[i][j] is not None else power_envelope_w[j],
+        estimated_time_s=time_s * (vector.ratio(table.batch_sizes[i]) or math.nan),
+        peak_power_w=power_w if power_w is not None else math.nan,
     )
 
 
+class Strategy(ABC):
+    """Chooses (batch size, frequency) from a lookup table under a board power cap (W)."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def choose(self, table: ProfileTable, power_cap_w: float | None) -> Selection:
+        """The configuration, or SelectionError (InfeasibleCapError for a cap too low) why none."""
+
+
+@dataclass(frozen=True)
+class Equation4(Strategy):
+    """Equation (4): argmin over C of T[b][f*_b] * r_b, with the proxy's relation vector."""
+
+    vector: RelationVector
+    name: ClassVar[str] = "edgetrain"
+
+    def choose(self, table: ProfileTable, power_cap_w: float | None) -> Selection:
+        candidates = allowed_batch_sizes(table, self.vector)
+        if not candidates:
+            raise SelectionError(
+                "no batch size is both in the lookup table (within its memory limit "
+                f"b_mem={table.max_batch_size}) and in the relation vector with a finite ratio: "
+                f"table {table.batch_sizes}, vector {self.vector.batch_sizes}"
+            )
+        best: Selection | None = None
+        for b in candidates:
+            i = table.batch_sizes.index(b)
+            j = highest_feasible_index(table.peak_power_w[i], power_cap_w)
+            if j is None or table.time_s[i][j] is None:
+                continue
+            choice = _selection(self.name, table, self.vector, i, j)
+            if best is None or choice.estimated_time_s < best.estimated_time_s:
+                best = choice
+        if best is None:
+            if power_cap_w is None:
+                raise SelectionError(f"no configuration of batch sizes {candidates} was measured")
+            raise InfeasibleCapError(power_cap_w, lowest_feasible_cap_w(table, self.vector))
+        return best
+
+
+@dataclass(frozen=True)
+class Oracle(Equation4):
+    """Equation (4) with N_b measured on the target data: the best choice the table allows."""
+
+    name: ClassVar[str] = "oracle"
+
+
+@dataclass(frozen=True)
+class Baseline1(Strategy):
+    """The largest batch that fits in memory at the model-agnostic frequency for the cap.
+
+    `vector` only marks censored batch sizes and gives the estimate T * r_b."""
+
+    vector: RelationVector
+    power_envelope_w: list[float] | None
+    name: ClassVar[str] = "baseline1"
+
+    def choose(self, table: ProfileTable, power_cap_w: float | None) -> Selection:
+        candidates = allowed_batch_sizes(table, self.vector)
+        if not candidates:
+            raise SelectionError("Baseline 1: no batch size fits in memory")
+        i = table.batch_sizes.index(candidates[-1])
+        j = envelope_index(table, power_cap_w, self.power_envelope_w)
+        if table.time_s[i][j] is None:
+            raise SelectionError(f"Baseline 1: T[{candidates[-1]}][{table.frequencies_hz[j]}] was not measured")
+        choice = _selection(self.name, table, self.vector, i, j)
+        if table.peak_power_w[i][j] is None and self.power_envelope_w is not None:
+            choice = choice.model_copy(update={"peak_power_w": self.power_envelope_w[j]})
+        return choice
+
+
+@dataclass(frozen=True)
+class Baseline2(Strategy):
+    """Baseline 1's frequency, and the batch size minimising T[b][f] * r_b (proxy time to
+    accuracy) at that frequency: the batch size is tuned, the frequency is not."""
+
+    vector: RelationVector
+    power_envelope_w: list[float] | None
+    name: ClassVar[str] = "baseline2"
+
+    def choose(self, table: ProfileTable, power_cap_w: float | None) -> Selection:
+        j = envelope_index(table, power_cap_w, self.power_envelope_w)
+        options = [
+            _selection(self.name, table, self.vector, table.batch_sizes.index(b), j)
+            for b in allowed_batch_sizes(table, self.vector)
+            if table.time_s[table.batch_sizes.index(b)][j] is not None
+        ]
+        if not options:
+            raise SelectionError(f"Baseline 2: no batch size was measured at {table.frequencies_hz[j]} Hz")
+        return min(options, key=lambda s: s.estimated_time_s)
+
+
 def estimated_time_to_accuracy_s(table: ProfileTable, vector: RelationVector, choice: Selection) -> float | None:
-    """Equation (2) with the proxy's N_b: T_Ns(b, f) * N_b / N_s (s), None without N_b."""
+    """Equation (2): T_Ns(b, f) * N_b / N_s (s) with the vector's N_b; None without N_b."""
     n_b = vector.samples_for(choice.batch_size)
     if n_b is None:
         return None
-    i = table.batch_sizes.index(choice.batch_size)
-    j = table.frequencies_hz.index(choice.frequency_hz)
-    return table.time_s[i][j] * n_b / table.samples
+    time_s = table.time_s[table.batch_sizes.index(choice.batch_size)][table.frequencies_hz.index(choice.frequency_hz)]
+    return None if time_s is None else time_s * n_b / table.samples

@@ -23,7 +23,7 @@ from edgetrain.common.schemas import (
     ProfileTable,
     job_state,
 )
-from edgetrain.common.selection import SelectionError, baseline1, estimated_time_to_accuracy_s, select
+from edgetrain.common.selection import Baseline1, Equation4, SelectionError, estimated_time_to_accuracy_s
 from edgetrain.common.store import PREFIX, table_id
 
 from .app import SERVER_QUEUE, app, device_queue
@@ -123,12 +123,12 @@ def _advance_part(job_id: str, spec: JobSpec, target: DeviceTarget, part: Device
         s.put_part(job_id, part.model_copy(update={"state": state}))
         return
     try:
-        choice = select(table, vector, target.power_cap_w)
+        choice = Equation4(vector).choose(table, target.power_cap_w)
     except SelectionError as exc:
         _fail(job_id, part, str(exc))
         return
     try:
-        base = baseline1(table, vector, target.power_cap_w, info.power_envelope_w)
+        base = Baseline1(vector, info.power_envelope_w).choose(table, target.power_cap_w)
     except SelectionError as exc:
         base = None
         s.event(job_id, f"{target.device_id}: Baseline 1 has no configuration: {exc}")

@@ -115,7 +115,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_select(args: argparse.Namespace) -> int:
     from edgetrain.common.schemas import ProfileTable, RelationVector
-    from edgetrain.common.selection import InfeasibleCapError, SelectionError, select
+    from edgetrain.common.selection import Equation4, InfeasibleCapError, SelectionError
 
     try:
         table = ProfileTable.model_validate_json(Path(args.profile).read_text())
@@ -124,7 +124,7 @@ def cmd_select(args: argparse.Namespace) -> int:
         print(f"cannot read the profile or vector: {exc}", file=sys.stderr)
         return 2
     try:
-        choice = select(table, vector, args.power_cap_w)
+        choice = Equation4(vector).choose(table, args.power_cap_w)
     except InfeasibleCapError as exc:
         print(f"infeasible: {exc}", file=sys.stderr)
         return 3

@@ -8,7 +8,7 @@ from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
 from edgetrain.common.models import get_model
 from edgetrain.common.profiling import profile, software_versions, staircase
 from edgetrain.common.schemas import DeviceInfo, LearningRatePolicy, ProfileTable, ProfilingOptions, RelationVector, utc_now
-from edgetrain.common.selection import InfeasibleCapError, select
+from edgetrain.common.selection import Equation4, InfeasibleCapError
 from edgetrain.tasks.workflow import table_problem
 from tests.common.test_selection import B, F, random_monotone_table
 
@@ -51,7 +51,7 @@ def fstar(table: ProfileTable, b: int, cap: float):
 
 def selection_or_none(table, vector, cap):
     try:
-        s = select(table, vector, cap)
+        s = Equation4(vector).choose(table, cap)
         return s.batch_size, s.frequency_hz
     except InfeasibleCapError:
         return None
@@ -99,7 +99,7 @@ def test_staircase_and_grid_agree_on_a_noisy_twin() -> None:
             feasible_g = max((j for j, p in enumerate(row_g) if p <= cap), default=None)
             feasible_s = max((j for j, p in enumerate(row_s) if p is not None and p <= cap), default=None)
             assert feasible_g == feasible_s  # the same f*_b per batch size
-        chosen_g, chosen_s = select(grid, vector, cap), select(stairs, vector, cap)
+        chosen_g, chosen_s = Equation4(vector).choose(grid, cap), Equation4(vector).choose(stairs, cap)
         objectives = sorted(
             grid.time_s[i][j] * vector.ratios[i]
             for i, row in enumerate(grid.peak_power_w)
@@ -117,7 +117,7 @@ def test_memory_limit_is_found_and_stored() -> None:
     assert table.max_batch_size == 64  # 2 x 128 x 0.18 MB of activations does not fit in 40 MB
     assert all(p is None for p in table.peak_power_w[-1]) and all(p is not None for p in table.peak_power_w[-2])
     vector = RelationVector(batch_sizes=[4, 16, 64, 128], ratios=[9.0, 9.0, 9.0, 0.001])
-    assert select(table, vector, None).batch_size != 128
+    assert Equation4(vector).choose(table, None).batch_size != 128
 
 
 def test_tables_record_what_produced_them_and_stale_ones_are_refused() -> None:

@@ -8,24 +8,30 @@ import pytest
 
 from edgetrain.common.schemas import ProfileTable, RelationVector
 from edgetrain.common.selection import (
+    Baseline1,
+    Baseline2,
+    Equation4,
     InfeasibleCapError,
     SelectionError,
-    baseline1,
     highest_feasible_index,
     lowest_feasible_cap_w,
-    select,
+    Oracle,
 )
 
 B = [4, 8, 16, 32, 64, 128]
 F = [100, 200, 300, 400, 500, 600, 700, 800]
 
 
-def random_monotone_table(rng: random.Random, holes: float = 0.0) -> ProfileTable:
-    """Power rises with b and f, time falls with f; some points unmeasured (None)."""
+def random_monotone_table(rng: random.Random, holes: float = 0.0, time_noise: bool = True) -> ProfileTable:
+    """Power rises with b and f; time falls with f (exactly as 1/f without `time_noise`, else
+    with a random factor per point); some points unmeasured (None)."""
     steps = [rng.uniform(0.2, 0.6) for _ in B]
     coef = [sum(steps[: i + 1]) for i in range(len(B))]  # rises with the batch size
     power = [[2 + coef[i] * 0.3 * (j + 1) ** 1.3 for j in range(len(F))] for i in range(len(B))]
-    time = [[rng.uniform(1, 3) * 1000 / F[j] * (1 + 8 / b) for j in range(len(F))] for b in B]
+    if time_noise:
+        time = [[rng.uniform(1, 3) * 1000 / F[j] * (1 + 8 / b) for j in range(len(F))] for b in B]
+    else:
+        time = [[scale * 1000 / F[j] * (1 + 8 / b) for j in range(len(F))] for b, scale in ((b, rng.uniform(1, 3)) for b in B)]
     if holes:
         for row in (power, time):
             for r in row:
@@ -69,9 +75,9 @@ def test_binary_search_selection_equals_brute_force(seed: int) -> None:
         expected = brute_force(table, vector, cap)
         if expected is None:
             with pytest.raises(InfeasibleCapError):
-                select(table, vector, cap)
+                Equation4(vector).choose(table, cap)
             continue
-        got = select(table, vector, cap)
+        got = Equation4(vector).choose(table, cap)
         assert (got.batch_size, got.frequency_hz) == expected[1:]
         assert got.estimated_time_s == pytest.approx(expected[0])
 
@@ -89,20 +95,20 @@ def test_infeasible_cap_names_the_lowest_cap_that_works() -> None:
     vector = RelationVector(batch_sizes=B, ratios=[1.0] * len(B))
     lowest = lowest_feasible_cap_w(table)
     with pytest.raises(InfeasibleCapError) as err:
-        select(table, vector, lowest - 0.01)
+        Equation4(vector).choose(table, lowest - 0.01)
     assert err.value.lowest_cap_w == pytest.approx(lowest)
     assert f"{lowest:.2f} W" in str(err.value)
-    assert select(table, vector, lowest).peak_power_w == pytest.approx(lowest)
+    assert Equation4(vector).choose(table, lowest).peak_power_w == pytest.approx(lowest)
 
 
 def test_memory_limit_and_censored_sizes_are_never_selected() -> None:
     table = random_monotone_table(random.Random(2))
     table.max_batch_size = 16
     vector = RelationVector(batch_sizes=B, ratios=[None, 5.0, 5.0, 0.01, 0.01, 0.01])
-    assert select(table, vector, None).batch_size in (8, 16)
+    assert Equation4(vector).choose(table, None).batch_size in (8, 16)
     vector_all_censored = RelationVector(batch_sizes=B, ratios=[None, None, None, 1.0, 1.0, 1.0])
     with pytest.raises(SelectionError, match="memory limit"):
-        select(table, vector_all_censored, None)
+        Equation4(vector_all_censored).choose(table, None)
 
 
 def test_baseline1_takes_largest_fitting_batch_at_envelope_frequency() -> None:
@@ -110,11 +116,11 @@ def test_baseline1_takes_largest_fitting_batch_at_envelope_frequency() -> None:
     table.max_batch_size = 64
     vector = RelationVector(batch_sizes=B, ratios=[1.0] * len(B))
     envelope = [2.0 + 0.5 * j for j in range(len(F))]
-    choice = baseline1(table, vector, 3.6, envelope)
+    choice = Baseline1(vector, envelope).choose(table, 3.6)
     assert choice.batch_size == 64
     assert choice.frequency_hz == F[3]  # 2.0 + 1.5 = 3.5 <= 3.6 < 4.0
     with pytest.raises(InfeasibleCapError):
-        baseline1(table, vector, 1.0, envelope)
+        Baseline1(vector, envelope).choose(table, 1.0)
 
 
 def test_profile_table_rejects_ragged_rows() -> None:
@@ -146,3 +152,37 @@ def test_select_cli_interchange_format_and_infeasible_exit(tmp) -> None:
     bad = subprocess.run(args + ["--power-cap-w", "1.5"], capture_output=True, text=True)
     assert bad.returncode != 0
     assert "lowest cap that would work is 2.00 W" in bad.stderr
+
+
+def test_baseline2_tunes_the_batch_size_at_baseline1s_frequency() -> None:
+    table = random_monotone_table(random.Random(4))
+    vector = RelationVector(batch_sizes=B, ratios=[0.3, 0.5, 0.6, 0.8, 0.9, 1.0])
+    envelope = [2.0 + 0.5 * j for j in range(len(F))]
+    j = 3  # 2.0 + 1.5 = 3.5 <= 3.6 < 4.0
+    expected = min(B, key=lambda b: table.time_s[B.index(b)][j] * vector.ratio(b))
+    choice = Baseline2(vector, envelope).choose(table, 3.6)
+    assert (choice.strategy, choice.batch_size, choice.frequency_hz) == ("baseline2", expected, F[j])
+    assert choice.estimated_time_s == pytest.approx(table.time_s[B.index(expected)][j] * vector.ratio(expected))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_oracle_is_equation4_with_the_target_vector_and_never_slower_than_the_others(seed: int) -> None:
+    rng = random.Random(seed)
+    table = random_monotone_table(rng, time_noise=False)  # time falls with f, as on a real device
+    proxy = RelationVector(batch_sizes=B, ratios=[rng.uniform(0.3, 2.0) for _ in B[:-1]] + [1.0])
+    target = RelationVector(batch_sizes=B, ratios=[rng.uniform(0.3, 2.0) for _ in B[:-1]] + [1.0])
+    envelope = [max(row[j] for row in table.peak_power_w) for j in range(len(F))]
+    for cap in [None, 3.0, 5.0, 8.0]:
+        try:
+            oracle = Oracle(target).choose(table, cap)
+        except InfeasibleCapError:
+            continue
+        assert (oracle.batch_size, oracle.frequency_hz) == brute_force(table, target, cap)[1:]
+        assert oracle.strategy == "oracle"
+        for strategy in (Equation4(proxy), Baseline1(proxy, envelope), Baseline2(proxy, envelope)):
+            try:
+                other = strategy.choose(table, cap)
+            except InfeasibleCapError:
+                continue
+            i, j = B.index(other.batch_size), F.index(other.frequency_hz)
+            assert oracle.estimated_time_s <= table.time_s[i][j] * target.ratio(other.batch_size) + 1e-12
