@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from edgetrain.common.artifacts import initial_model
-from edgetrain.common.datasets import load_dataset
+from edgetrain.common.datasets.loading import load_dataset
 from edgetrain.common.models import get_model
 from edgetrain.common.schemas import DatasetRef, LearningRatePolicy
 from edgetrain.common.training import Trainer, make_optimizer, torch_device, train_to_accuracy

@@ -3,22 +3,17 @@ batch size (and seed) to the target accuracy, and r_b = N_b / N_{b_max}."""
 
 from __future__ import annotations
 
-import hashlib
 import statistics
 from pathlib import Path
 
 from .artifacts import initial_model, put_state_dict
-from .datasets import load_dataset
+from .datasets.loading import load_dataset
+from .keys import vector_key
 from .models import get_model
 from .schemas import DatasetRef, EstimationRequest, LearningRatePolicy, RelationVector, TrainingOutcome
 from .training import Trainer, make_optimizer, train_to_accuracy
 
 SPLIT_SEED = 0  # the proxy's train/test split is the same for every batch size and seed
-
-
-def vector_key(request: EstimationRequest) -> str:
-    """Cache key: a hash of everything the vector depends on."""
-    return hashlib.sha256(request.model_dump_json().encode()).hexdigest()[:24]
 
 
 def train_proxy(request: EstimationRequest, batch_size: int, seed: int) -> TrainingOutcome:

@@ -1,96 +1,66 @@
-"""Model registry: the paper's models adapted to their input shapes, and a small CNN.
+"""Model registry: the paper's models at their input shapes, and a small CNN.
 
-A model entry builds an `nn.Module` for `num_classes` outputs; users register their own by
-import path (`package.module:factory`, called as factory(num_classes=..., input_shape=...)).
+The registry holds what the planner and the client need (name, task, input shape, optimizer)
+without importing PyTorch; the networks themselves (`common/networks.py`) are imported when a
+model is built. Users register their own by import path (`package.module:factory`, called as
+factory(num_classes=..., input_shape=...)).
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
-import torch
-from torch import nn
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 Task = Literal["image", "text"]
+Optimizer = Literal["adam", "adamw"]
 
 
 @dataclass(frozen=True)
 class ModelEntry:
+    """A model: its task, its input shape per sample ((C, H, W) for images, (sequence
+    length,) for text), the optimizer it trains with, and how to build it."""
+
     name: str
     task: Task
-    input_shape: tuple[int, ...]  # per sample: (C, H, W) for images, (sequence length,) for text
-    build: Callable[[int], nn.Module]  # num_classes (vocabulary size for text) -> model
-    optimizer: Literal["adam", "adamw"] = "adam"
+    input_shape: tuple[int, ...]
+    factory: str | Callable[..., Any]  # "module:function" in edgetrain, or a user's callable
+    optimizer: Optimizer = "adam"
 
-    def example_input(self, num_classes: int) -> torch.Tensor:
+    def build(self, num_classes: int) -> "nn.Module":
+        """A new, randomly initialised network with `num_classes` outputs (vocabulary size for text)."""
+        if callable(self.factory):
+            return self.factory(num_classes=num_classes, input_shape=self.input_shape)
+        module, _, function = self.factory.partition(":")
+        return getattr(importlib.import_module(module), function)(num_classes)
+
+    def example_input(self, num_classes: int) -> "torch.Tensor":
+        """One input sample with a leading batch dimension of 1."""
+        import torch
+
         if self.task == "text":
             return torch.randint(0, num_classes, (1, *self.input_shape))
         return torch.zeros(1, *self.input_shape)
 
 
-class SmallCNN(nn.Module):
-    """Two conv blocks and a linear head, for quick runs on 1x28x28 inputs."""
-
-    def __init__(self, num_classes: int, channels: int = 1):
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(channels, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        )  # fmt: skip
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(32 * 7 * 7, num_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
-
-
-class CharTransformer(nn.Module):
-    """Decoder-only character model: next-character logits for every position."""
-
-    def __init__(self, vocab_size: int, seq_len: int = 64, width: int = 256, heads: int = 8, layers: int = 6):
-        super().__init__()
-        if width % heads:
-            raise ValueError(f"width={width} must be divisible by heads={heads}")
-        self.embed = nn.Embedding(vocab_size, width)
-        self.position = nn.Parameter(torch.zeros(1, seq_len, width))
-        block = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.1, batch_first=True, norm_first=True)
-        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab_size)
-        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq_len), persistent=False)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        n = tokens.shape[1]
-        x = self.embed(tokens) + self.position[:, :n]
-        x = self.blocks(x, mask=self.mask[:n, :n], is_causal=True)
-        return self.head(self.norm(x))
-
-
-def _resnet18(num_classes: int) -> nn.Module:
-    from torchvision.models import resnet18
-
-    return resnet18(num_classes=num_classes)
-
-
-def _mobilenet_v2(num_classes: int) -> nn.Module:
-    from torchvision.models import mobilenet_v2
-
-    return mobilenet_v2(num_classes=num_classes)
-
-
+_NETWORKS = "edgetrain.common.networks"
 _REGISTRY: dict[str, ModelEntry] = {
     e.name: e
     for e in (
-        ModelEntry("smallcnn", "image", (1, 28, 28), SmallCNN),
-        ModelEntry("resnet18", "image", (3, 32, 32), _resnet18),
-        ModelEntry("mobilenet_v2", "image", (3, 32, 32), _mobilenet_v2),
-        ModelEntry("char_transformer", "text", (64,), CharTransformer, optimizer="adamw"),
+        ModelEntry("smallcnn", "image", (1, 28, 28), f"{_NETWORKS}:SmallCNN"),
+        ModelEntry("resnet18", "image", (3, 32, 32), f"{_NETWORKS}:resnet18"),
+        ModelEntry("mobilenet_v2", "image", (3, 32, 32), f"{_NETWORKS}:mobilenet_v2"),
+        ModelEntry("char_transformer", "text", (64,), f"{_NETWORKS}:CharTransformer", optimizer="adamw"),
     )
 }
 
 
 def register_model(entry: ModelEntry) -> None:
+    """Add a model to the registry of this process."""
     _REGISTRY[entry.name] = entry
 
 
@@ -99,7 +69,7 @@ def model_names() -> list[str]:
 
 
 def get_model(name: str) -> ModelEntry:
-    """A registered model, or `package.module:factory` for a user's own image model."""
+    """A registered model, or `package.module:factory` for a user's own model."""
     if name in _REGISTRY:
         return _REGISTRY[name]
     if ":" in name:
@@ -110,12 +80,14 @@ def get_model(name: str) -> ModelEntry:
             raise ValueError(f"model {name!r}: cannot import {attr!r} from {module_name!r} ({exc})") from exc
         shape = tuple(getattr(factory, "input_shape", (3, 32, 32)))
         task = getattr(factory, "task", "image")
-        return ModelEntry(name, task, shape, lambda n: factory(num_classes=n, input_shape=shape))
+        return ModelEntry(name, task, shape, factory)
     raise ValueError(f"model: unknown model {name!r}; registered: {model_names()} or 'package.module:factory'")
 
 
-def build_model(name: str, num_classes: int, weights_seed: int) -> nn.Module:
+def build_model(name: str, num_classes: int, weights_seed: int) -> "nn.Module":
     """A freshly initialised model, deterministic for a seed."""
+    import torch
+
     entry = get_model(name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(weights_seed)

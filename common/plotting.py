@@ -39,11 +39,6 @@ def unit_vector(table: ProfileTable) -> RelationVector:
     return RelationVector(batch_sizes=table.batch_sizes, ratios=[1.0] * len(table.batch_sizes))
 
 
-def measured_points(table: ProfileTable) -> int:
-    """How many (b, f) points of the table were measured."""
-    return sum(p is not None for row in table.peak_power_w for p in row)
-
-
 def _fits(table: ProfileTable) -> list[bool]:
     limit = table.max_batch_size if table.max_batch_size is not None else math.inf
     return [b <= limit for b in table.batch_sizes]
@@ -166,7 +161,7 @@ def _title(table: ProfileTable, power_cap_w: float | None, selection_note: str) 
     cap = f"power cap {power_cap_w:g} W" if power_cap_w is not None else "no power cap"
     return (
         f"{table.device_type or '?'}  |  {table.model or '?'}  |  input {shape}  |  {mode}  |  "
-        f"{measured_points(table)} of {total} points measured  |  b_mem = {table.max_batch_size}{simulated}\n"
+        f"{table.measured_points()} of {total} points measured  |  b_mem = {table.max_batch_size}{simulated}\n"
         f"{cap}; {selection_note}"
     )
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from enum import Enum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -181,6 +180,10 @@ class ProfileTable(Strict):
     produced_by: dict[str, str] = Field(default_factory=dict)
     created_at: datetime = Field(default_factory=utc_now)
 
+    def measured_points(self) -> int:
+        """How many (b, f) points were measured."""
+        return sum(p is not None for row in self.peak_power_w for p in row)
+
     @model_validator(mode="after")
     def _shapes(self) -> "ProfileTable":
         rows, cols = len(self.batch_sizes), len(self.frequencies_hz)
@@ -271,62 +274,3 @@ class RunReport(Strict):
     energy_j: float
     peak_power_w: float
     wall_s: float = Field(description="wall-clock time of the task on the worker host")
-
-
-class PartState(str, Enum):
-    pending = "pending"
-    profiling = "profiling"
-    estimating = "estimating"
-    finetuning = "finetuning"
-    completed = "completed"
-    failed = "failed"
-
-
-TERMINAL = {PartState.completed, PartState.failed}
-
-
-class DevicePart(Strict):
-    """The state of one device's share of a job."""
-
-    device_id: str
-    power_cap_w: float | None
-    state: PartState = PartState.pending
-    reason: str | None = None
-    device_type: str | None = None
-    simulated: bool | None = None
-    selection: Selection | None = None
-    baseline1: Selection | None = None
-    estimated_time_to_accuracy_s: float | None = None
-    baseline1_estimated_time_to_accuracy_s: float | None = None
-    report: RunReport | None = None
-    updated_at: datetime = Field(default_factory=utc_now)
-
-
-class JobState(str, Enum):
-    queued = "queued"
-    running = "running"
-    completed = "completed"  # every device part completed
-    partial = "partial"  # some parts completed, some failed
-    failed = "failed"  # every part failed
-
-
-class JobStatus(Strict):
-    job_id: str
-    state: JobState
-    spec: JobSpec
-    parts: dict[str, DevicePart]
-    progress: dict[str, dict[str, float]] = Field(default_factory=dict)
-    created_at: datetime
-    events: list[str] = Field(default_factory=list)
-
-
-def job_state(parts: list[DevicePart]) -> JobState:
-    """Derive a job's state from its device parts."""
-    states = {p.state for p in parts}
-    if not states <= TERMINAL:
-        return JobState.running if states != {PartState.pending} else JobState.queued
-    if states == {PartState.completed}:
-        return JobState.completed
-    if states == {PartState.failed}:
-        return JobState.failed
-    return JobState.partial

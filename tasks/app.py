@@ -1,21 +1,20 @@
-"""The Celery app: configuration, queues and routes.
-
-Queues: `server` (proxy training, scaled by adding server workers), `device.<id>` (one per
-device, concurrency 1) and `control` (the light job workflow).
-"""
+"""The Celery app. It is created bare on import (tasks register on it) and configured from
+settings by the process's entry point (`configure`); producers that only send tasks, such as
+the client, use an app of their own (`producer_app`), which imports no task module."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
 
-from edgetrain.common.settings import get_settings
+from edgetrain.common.settings import Settings
 
-SERVER_QUEUE = "server"
-CONTROL_QUEUE = "control"
+from .contract import CONTROL_QUEUE, FIXED_ROUTES
 
+TASK_MODULES = ("edgetrain.tasks.workflow", "edgetrain.tasks.server", "edgetrain.tasks.device")
 
-def device_queue(device_id: str) -> str:
-    return f"device.{device_id}"
+app = Celery("edgetrain", set_as_current=False)
 
 
 def broker_url(redis_url: str) -> str:
@@ -23,34 +22,40 @@ def broker_url(redis_url: str) -> str:
     return "redis+socket://" + redis_url.removeprefix("unix://") if redis_url.startswith("unix://") else redis_url
 
 
-def create_app(redis_url: str) -> Celery:
-    settings = get_settings()
-    url = broker_url(redis_url)
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Every Celery setting edgetrain relies on, the same in every process of a cluster."""
+    url = broker_url(settings.redis_url)
     transport = {"visibility_timeout": settings.visibility_timeout_s}
-    app = Celery("edgetrain", broker=url, backend=url, include=["edgetrain.tasks.device", "edgetrain.tasks.server", "edgetrain.tasks.workflow"])
-    app.conf.update(
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=["json"],
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        broker_transport_options=transport,
-        result_backend_transport_options=transport,
-        broker_connection_retry_on_startup=True,
-        result_expires=7 * 24 * 3600,
-        task_track_started=True,
-        worker_send_task_events=True,
-        task_send_sent_event=True,
-        task_default_queue=CONTROL_QUEUE,
-        task_routes={
-            "edgetrain.estimate_relation_vector": {"queue": SERVER_QUEUE},
-            "edgetrain.train_proxy": {"queue": SERVER_QUEUE},
-            "edgetrain.pretrain": {"queue": SERVER_QUEUE},
-            "edgetrain.advance_job": {"queue": CONTROL_QUEUE},
-        },
-    )
+    return {
+        "broker_url": url,
+        "result_backend": url,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "result_expires": 7 * 24 * 3600,
+        "task_track_started": True,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_default_queue": CONTROL_QUEUE,
+        "task_routes": {task.value: {"queue": queue} for task, queue in FIXED_ROUTES.items()},
+    }
+
+
+def configure(settings: Settings, task_modules: tuple[str, ...] = TASK_MODULES) -> Celery:
+    """Configure the worker app from `settings` and import the task modules it runs."""
+    app.conf.update(celery_config(settings), include=list(task_modules))
+    app.loader.import_default_modules()
     return app
 
 
-app = create_app(get_settings().redis_url)
+def producer_app(settings: Settings) -> Celery:
+    """An app that sends tasks by name (no task module imported, so no PyTorch)."""
+    producer = Celery("edgetrain-producer", set_as_current=False)
+    producer.conf.update(celery_config(settings))
+    return producer

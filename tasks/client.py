@@ -1,4 +1,6 @@
-"""The Python client: submit jobs, follow their progress, read reports and the fleet."""
+"""The Python client: submit jobs, follow their progress, read reports and the fleet.
+
+It only sends tasks by name and reads Redis, so it imports no PyTorch."""
 
 from __future__ import annotations
 
@@ -9,20 +11,23 @@ from typing import Any, Callable, TypeVar
 from pydantic import ValidationError
 
 from edgetrain.common.datasets import dataset_names
+from edgetrain.common.jobs import JobStatus
+from edgetrain.common.keys import DEFAULT_PREFIX, vector_key, vector_resource
 from edgetrain.common.models import get_model
-from edgetrain.common.estimation import vector_key
-from edgetrain.common.schemas import TERMINAL, DeviceInfo, EstimationRequest, JobSpec, JobStatus, RelationVector
-from edgetrain.common.store import Store
+from edgetrain.common.payloads import PretrainRequest, PretrainResult
+from edgetrain.common.reports import JobReport
+from edgetrain.common.schemas import DatasetRef, DeviceInfo, EstimationRequest, JobSpec, RelationVector
+from edgetrain.common.settings import Settings
+from edgetrain.common.store import JobNotFoundError, Store
 
-from .app import CONTROL_QUEUE, SERVER_QUEUE, create_app
+from .app import producer_app
+from .contract import TaskName, send
+
+__all__ = ["EdgeTrainClient", "JobNotFoundError", "JobSpecError", "poll_until", "validate_job"]
 
 
 class JobSpecError(ValueError):
     """A job spec was rejected before anything was enqueued; the message names the field."""
-
-
-class JobNotFoundError(KeyError):
-    pass
 
 
 def validate_job(spec: JobSpec | dict[str, Any]) -> JobSpec:
@@ -59,24 +64,25 @@ def poll_until(check: Callable[[], T | None], timeout_s: float | None, poll_s: f
 
 
 class EdgeTrainClient:
-    def __init__(self, redis_url: str):
+    """Submits jobs and reads their state from the cluster whose Redis is at `redis_url`."""
+
+    def __init__(self, redis_url: str, key_prefix: str = DEFAULT_PREFIX):
+        settings = Settings(redis_url=redis_url, key_prefix=key_prefix)
         self.redis_url = redis_url
-        self.store = Store.from_url(redis_url)
-        self.app = create_app(redis_url)
+        self.store = Store.connect(redis_url, key_prefix)
+        self.app = producer_app(settings)
 
     def submit(self, job_spec: JobSpec | dict[str, Any]) -> str:
         """Validate and enqueue a job; returns its id."""
         job = validate_job(job_spec)
         job_id = uuid.uuid4().hex[:12]
-        self.store.create_job(job_id, job)
-        self.app.send_task("edgetrain.advance_job", args=[job_id], queue=CONTROL_QUEUE)
+        self.store.jobs.create(job_id, job)
+        send(self.app, TaskName.advance_job, job_id)
         return job_id
 
     def status(self, job_id: str) -> JobStatus:
-        status = self.store.status(job_id)
-        if status is None:
-            raise JobNotFoundError(f"no job {job_id!r}")
-        return status
+        """The job's state, parts, progress and events; JobNotFoundError for an unknown id."""
+        return self.store.jobs.status(job_id)
 
     def wait(
         self,
@@ -91,59 +97,36 @@ class EdgeTrainClient:
             status = self.status(job_id)
             if on_update:
                 on_update(status)
-            return status if all(p.state in TERMINAL for p in status.parts.values()) else None
+            return status if status.finished else None
 
         return poll_until(finished, timeout_s, poll_s, f"job {job_id}")
 
-    def report(self, job_id: str) -> dict[str, Any]:
-        """The job's result per device, as JSON-able data."""
-        return job_report(self.status(job_id))
+    def report(self, job_id: str) -> JobReport:
+        """The job's result per device."""
+        return JobReport.from_status(self.status(job_id))
 
     def fleet(self) -> list[DeviceInfo]:
-        return self.store.fleet()
+        """Devices with a live heartbeat."""
+        return self.store.fleet.devices()
 
     def estimate(self, request: EstimationRequest | dict[str, Any], timeout_s: float | None = None) -> RelationVector:
         """Estimate (or fetch the cached) relation vector on the server pool and wait for it."""
         req = request if isinstance(request, EstimationRequest) else EstimationRequest.model_validate(request)
         key = vector_key(req)
-        self.app.send_task("edgetrain.estimate_relation_vector", args=[req.model_dump(mode="json")], queue=SERVER_QUEUE)
+        send(self.app, TaskName.estimate_relation_vector, req)
 
         def ready() -> RelationVector | None:
-            if reason := self.store.failure(f"vector:{key}"):
+            if reason := self.store.coordination.failure(vector_resource(key)):
                 raise RuntimeError(reason)
-            return self.store.vector(key)
+            return self.store.resources.vector(key)
 
         return poll_until(ready, timeout_s, 0.5, f"relation vector {key}")
 
-    def pretrain(self, model: str, dataset: dict[str, Any], samples: int, timeout_s: float | None = None, **options: Any) -> dict:
-        """Pre-train on a server worker; returns {"weights": URL, "test_accuracy": ...}."""
-        result = self.app.send_task("edgetrain.pretrain", args=[model, dataset, samples], kwargs=options, queue=SERVER_QUEUE)
-        return result.get(timeout=timeout_s)
-
-
-def job_report(status: JobStatus) -> dict[str, Any]:
-    devices = []
-    for part in status.parts.values():
-        entry: dict[str, Any] = {
-            "device_id": part.device_id,
-            "device_type": part.device_type,
-            "simulated": part.simulated,
-            "power_cap_w": part.power_cap_w,
-            "state": part.state.value,
-            "reason": part.reason,
-            "selection": part.selection.model_dump() if part.selection else None,
-            "estimated_time_to_accuracy_s": part.estimated_time_to_accuracy_s,
-            "baseline1": part.baseline1.model_dump() if part.baseline1 else None,
-            "baseline1_estimated_time_to_accuracy_s": part.baseline1_estimated_time_to_accuracy_s,
-            "achieved": part.report.model_dump() if part.report else None,
-        }
-        ours, base = part.estimated_time_to_accuracy_s, part.baseline1_estimated_time_to_accuracy_s
-        entry["estimated_speedup_vs_baseline1"] = base / ours if ours and base else None
-        devices.append(entry)
-    return {
-        "job_id": status.job_id,
-        "state": status.state.value,
-        "spec": status.spec.model_dump(mode="json"),
-        "devices": devices,
-        "events": status.events,
-    }
+    def pretrain(
+        self, model: str, dataset: DatasetRef | dict[str, Any], samples: int, timeout_s: float | None = None, **options: Any
+    ) -> PretrainResult:
+        """Pre-train on a server worker and wait; returns the weights' URL and test accuracy."""
+        ref = dataset if isinstance(dataset, DatasetRef) else DatasetRef.model_validate(dataset)
+        request = PretrainRequest(model=model, dataset=ref, samples=samples, **options)
+        result = send(self.app, TaskName.pretrain, request).get(timeout=timeout_s)
+        return PretrainResult.model_validate(result)

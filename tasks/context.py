@@ -1,38 +1,82 @@
-"""What a task needs from its process: the store, and on device workers the bound device."""
+"""What a task needs from its process: the settings, the store, and on a device worker the
+device it is bound to. The entry point calls `init` once; tasks call the accessors."""
 
 from __future__ import annotations
 
-from functools import lru_cache
+from dataclasses import dataclass
+
+from celery import Celery
 
 from edgetrain.common.devices.base import Device
-from edgetrain.common.settings import get_settings
-from edgetrain.common.store import PREFIX, Store
+from edgetrain.common.settings import Settings, get_settings
+from edgetrain.common.store import Store
 
-_device: tuple[str, Device] | None = None
+from .app import TASK_MODULES, configure
+from .app import app as celery_app
 
 
-@lru_cache(maxsize=1)
+@dataclass
+class _Process:
+    settings: Settings
+    store: Store
+    device: tuple[str, Device] | None = None
+
+
+_process: _Process | None = None
+
+
+class WrongDeviceError(RuntimeError):
+    """A device task reached the worker of another device."""
+
+
+def init(settings: Settings, task_modules: tuple[str, ...] | None = None) -> Store:
+    """Configure this process (the Celery app and the store) from `settings`."""
+    global _process
+    configure(settings, task_modules or TASK_MODULES)
+    _process = _Process(settings, Store.connect(settings.redis_url, settings.key_prefix))
+    return _process.store
+
+
+def _current() -> _Process:
+    if _process is None:  # a worker started by `celery worker` directly: settings from the environment
+        init(get_settings())
+    assert _process is not None
+    return _process
+
+
+def app() -> Celery:
+    """The worker app, configured."""
+    _current()
+    return celery_app
+
+
+def settings() -> Settings:
+    return _current().settings
+
+
 def store() -> Store:
-    return Store.from_url(get_settings().redis_url)
+    return _current().store
 
 
 def bind_device(device_id: str, device: Device) -> None:
     """Called once by a device worker at start: its tasks run on this device."""
-    global _device
-    _device = (device_id, device)
+    _current().device = (device_id, device)
+
+
+def bound_device_id() -> str | None:
+    bound = _current().device
+    return bound[0] if bound else None
 
 
 def bound_device(device_id: str) -> Device:
-    if _device is None or _device[0] != device_id:
-        bound = _device[0] if _device else None
-        raise RuntimeError(f"task for device {device_id!r} reached a worker bound to {bound!r}")
-    return _device[1]
+    """The device of this worker; WrongDeviceError when the task names another one."""
+    bound = _current().device
+    if bound is None or bound[0] != device_id:
+        raise WrongDeviceError(f"task for device {device_id!r} reached the worker of {bound[0] if bound else None!r}")
+    return bound[1]
 
 
 def attempts_exceeded(task_id: str) -> bool:
-    """Count deliveries of a task; True once a redelivered task (its worker died) has
-    been tried more often than the retry cap allows."""
-    key = f"{PREFIX}:attempts:{task_id}"
-    count = store().r.incr(key)
-    store().r.expire(key, 7 * 24 * 3600)
-    return count > get_settings().task_max_retries + 1
+    """Count a delivery of a task; True once a redelivered task (its worker died) has been
+    tried more often than the retry cap allows."""
+    return store().coordination.count_attempt(task_id) > settings().task_max_retries + 1

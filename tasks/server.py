@@ -1,63 +1,70 @@
-"""Tasks on the `server` queue: relation-vector estimation, fanned out per (batch size, seed)."""
+"""Tasks on the `server` queue: relation-vector estimation, fanned out per (batch size, seed),
+and pre-training."""
 
 from __future__ import annotations
 
 from celery import Task
+from celery.utils.log import get_task_logger
 
-from edgetrain.common.estimation import aggregate, pretrain as run_pretrain, train_proxy as run_proxy, vector_key
-from edgetrain.common.schemas import DatasetRef, EstimationRequest, LearningRatePolicy
-from edgetrain.common.settings import get_settings
+from edgetrain.common.estimation import aggregate, pretrain as run_pretrain, train_proxy as run_proxy
+from edgetrain.common.keys import vector_key, vector_resource
+from edgetrain.common.payloads import EstimateResult, PretrainRequest, PretrainResult, ProxyRunRequest
+from edgetrain.common.schemas import EstimationRequest, TrainingOutcome
 
-from .app import SERVER_QUEUE, app
-from .context import attempts_exceeded, store
-from .workflow import fail_resource, notify_waiters, vector_resource
+from .app import app
+from .context import attempts_exceeded, settings, store
+from .contract import TaskFailed, TaskName, send
+from .workflow import fail_resource, notify_waiters
+
+logger = get_task_logger(__name__)
 
 
-@app.task(name="edgetrain.estimate_relation_vector")
-def estimate_relation_vector(request: dict) -> dict:
-    """Fan out one `train_proxy` task per (batch size, seed); returns at once. The last part
+@app.task(name=TaskName.estimate_relation_vector.value, pydantic=True)
+def estimate_relation_vector(request: EstimationRequest) -> EstimateResult:
+    """Fan out one `train_proxy` task per (batch size, seed); returns at once. The last run
     to finish aggregates the vector, so adding server workers shortens the estimation."""
-    req = EstimationRequest.model_validate(request)
-    key = vector_key(req)
-    cached = store().vector(key)
-    if cached is not None:
+    key = vector_key(request)
+    s = store()
+    if s.resources.vector(key) is not None:
         notify_waiters(vector_resource(key))
-        return {"vector": key, "cached": True}
-    done = {(o.batch_size, o.seed) for o in store().vector_parts(key)}
-    parts = [(b, seed) for b in req.batch_sizes for seed in req.seeds if (b, seed) not in done]
-    for b, seed in parts:
-        train_proxy.apply_async(args=[request, b, seed], queue=SERVER_QUEUE)
-    return {"vector": key, "parts": len(parts)}
+        return EstimateResult(vector_key=key, cached=True, runs_dispatched=0)
+    done = {(o.batch_size, o.seed) for o in s.resources.vector_parts(key)}
+    runs = [(b, seed) for b in request.batch_sizes for seed in request.seeds if (b, seed) not in done]
+    for b, seed in runs:
+        send(app, TaskName.train_proxy, ProxyRunRequest(request=request, batch_size=b, seed=seed))
+    return EstimateResult(vector_key=key, cached=False, runs_dispatched=len(runs))
 
 
-@app.task(name="edgetrain.train_proxy", bind=True)
-def train_proxy(self: Task, request: dict, batch_size: int, seed: int) -> dict:
+@app.task(name=TaskName.train_proxy.value, bind=True, pydantic=True)
+def train_proxy(self: Task, run: ProxyRunRequest) -> TrainingOutcome:
     """Train on the proxy dataset with one batch size and seed until the target accuracy."""
-    req = EstimationRequest.model_validate(request)
-    key = vector_key(req)
+    request, b, seed = run.request, run.batch_size, run.seed
+    key = vector_key(request)
     resource = vector_resource(key)
     s = store()
     if attempts_exceeded(self.request.id):
-        fail_resource(resource, f"proxy training b={batch_size} seed={seed} was interrupted too many times (worker lost)")
-        return {"failed": "worker lost"}
+        reason = f"proxy training b={b} seed={seed} was interrupted too many times (worker lost)"
+        fail_resource(resource, reason)
+        raise TaskFailed(reason)
     try:
-        outcome = run_proxy(req, batch_size, seed).model_copy(update={"worker": self.request.hostname})
+        outcome = run_proxy(request, b, seed).model_copy(update={"worker": self.request.hostname})
     except Exception as exc:
-        fail_resource(resource, f"relation vector estimation failed (b={batch_size}, seed={seed}): {exc}")
-        raise
-    count = s.put_vector_part(key, outcome)
-    if count == len(req.batch_sizes) * len(req.seeds) and s.claim(f"aggregate:{key}", self.request.id):
-        s.put_vector(aggregate(req, s.vector_parts(key)))
-        s.release(resource)
+        reason = f"relation vector estimation failed (b={b}, seed={seed}): {exc}"
+        fail_resource(resource, reason)
+        raise TaskFailed(reason) from exc
+    count = s.resources.put_vector_part(key, outcome)
+    if count == len(request.batch_sizes) * len(request.seeds) and s.coordination.once(f"aggregate:{key}"):
+        s.resources.put_vector(aggregate(request, s.resources.vector_parts(key)))
+        s.coordination.release(resource)
         notify_waiters(resource)
-    return outcome.model_dump(mode="json")
+    return outcome
 
 
-@app.task(name="edgetrain.pretrain")
-def pretrain(model: str, dataset: dict, samples: int, batch_size: int = 128, lr: dict | None = None, seed: int = 0) -> dict:
+@app.task(name=TaskName.pretrain.value, pydantic=True)
+def pretrain(request: PretrainRequest) -> PretrainResult:
     """Pre-train on the server and publish the weights; returns their URL for job specs."""
     url, accuracy = run_pretrain(
-        model, DatasetRef.model_validate(dataset), samples, batch_size,
-        LearningRatePolicy.model_validate(lr or {}), seed, get_settings().artifact_dir,
+        request.model, request.dataset, request.samples, request.batch_size, request.lr, request.seed,
+        settings().artifact_dir,
     )  # fmt: skip
-    return {"weights": url, "test_accuracy": accuracy}
+    return PretrainResult(weights=url, test_accuracy=accuracy)

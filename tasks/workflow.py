@@ -1,183 +1,169 @@
-"""The job workflow: advances on events, never waits on a result inside a task.
+"""The job workflow: advances on events and never waits on a result inside a task.
 
-`advance_job` looks at the store and does the next step of every device part: dispatch
-profiling for a device type without a usable table, dispatch estimation for a missing
-relation vector, and once both exist select (equation 4) and dispatch `finetune`. Tasks that
-produce a table or a vector call `advance_job` for every job waiting on it. Every dispatch is
-claimed in Redis first, so repeated or concurrent advances are harmless.
+`advance_job` reads each device's part of a job from the store, asks the planner
+(common/planner.py) what it needs next and applies the decision: it claims and dispatches
+profiling and estimation, records failures, and dispatches `finetune` once a selection is
+made. Tasks that produce a table or a vector advance every job waiting on it. Claims and
+once-only markers in Redis make repeated or concurrent advances harmless.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from celery.utils.log import get_task_logger
 
-from edgetrain.common.estimation import vector_key
-from edgetrain.common.models import get_model
-from edgetrain.common.schemas import (
-    TERMINAL,
-    DeviceInfo,
-    DevicePart,
-    DeviceTarget,
-    JobSpec,
-    PartState,
-    ProfileTable,
-    job_state,
-)
-from edgetrain.common.selection import Baseline1, Equation4, SelectionError, estimated_time_to_accuracy_s
-from edgetrain.common.store import PREFIX, table_id
+from edgetrain.common.jobs import TERMINAL, DevicePart, EventKind, JobState, PartState, job_state
+from edgetrain.common.keys import table_resource, vector_resource
+from edgetrain.common.planner import Decision, Fail, FineTune, PartView, Prepare, Wait, plan, resource_ids
+from edgetrain.common.schemas import DeviceInfo, DeviceTarget, JobSpec, ProfileTable, RelationVector
+from edgetrain.common.store import Store
 
-from .app import SERVER_QUEUE, app, device_queue
+from .app import app
 from .context import store
+from .contract import TaskName, device_queue, send
 
+logger = get_task_logger(__name__)
 JOB_LOCK_TIMEOUT_S = 120
-
-
-def table_resource(tid: str) -> str:
-    return f"table:{tid}"
-
-
-def vector_resource(key: str) -> str:
-    return f"vector:{key}"
 
 
 def notify_waiters(resource: str) -> None:
     """A table or vector is ready (or failed): advance every job waiting for it."""
-    for job_id in store().take_waiters(resource):
-        advance_job.delay(job_id)
+    for job_id in store().coordination.take_waiters(resource):
+        send(app, TaskName.advance_job, job_id)
 
 
 def fail_resource(resource: str, reason: str) -> None:
     """Producing a table or vector failed: record why and wake the jobs waiting for it."""
-    store().fail(resource, reason)
+    logger.warning("%s failed: %s", resource, reason)
+    store().coordination.fail(resource, reason)
     notify_waiters(resource)
 
 
-def table_problem(
-    table: ProfileTable, info: DeviceInfo, power_cap_w: float | None, not_before: datetime | None = None
-) -> str | None:
-    """Why a stored table cannot serve this device and cap, or None when it can.
+class _Reader:
+    """Reads what the planner needs, each table and vector once per advance."""
 
-    A table made by other software than the device runs now (edgetrain, torch, CUDA or
-    JetPack versions) is not reused; nor is one older than `not_before` (a forced profile)."""
-    changed = {k: (table.produced_by.get(k), v) for k, v in info.software.items() if table.produced_by.get(k) != v}
-    if changed:
-        return f"made by other software (table, device): {changed}"
-    if table.mode == "staircase" and table.power_cap_w != power_cap_w:
-        return f"staircase table for cap {table.power_cap_w} W, not {power_cap_w} W"
-    if not_before is not None and table.created_at < not_before:
-        return "the job asks to profile again (force)"
-    return None
+    def __init__(self, s: Store, job_id: str, spec: JobSpec, created_at: object):
+        self.s, self.job_id, self.spec, self.created_at = s, job_id, spec, created_at
+        self._tables: dict[str, ProfileTable | None] = {}
+        self._vectors: dict[str, RelationVector | None] = {}
+
+    def view(self, target: DeviceTarget, part: DevicePart) -> PartView:
+        s = self.s
+        device = s.fleet.device(target.device_id)
+        if device is None:
+            registered = tuple(d.device_id for d in s.fleet.devices())
+            return PartView(self.job_id, self.spec, target, part, None, registered=registered)
+        tid, vkey = resource_ids(self.spec, device.device_type)
+        if tid not in self._tables:
+            self._tables[tid] = s.resources.table(tid)
+        if vkey not in self._vectors:
+            self._vectors[vkey] = s.resources.vector(vkey)
+        return PartView(
+            self.job_id, self.spec, target, part, device,
+            table=self._tables[tid],
+            vector=self._vectors[vkey],
+            table_failure=s.coordination.failure(table_resource(tid)),
+            vector_failure=s.coordination.failure(vector_resource(vkey)),
+            not_before=self.created_at if self.spec.profiling.force else None,  # type: ignore[arg-type]
+        )  # fmt: skip
 
 
-@app.task(name="edgetrain.advance_job")
+@app.task(name=TaskName.advance_job.value)
 def advance_job(job_id: str) -> str:
+    """Do the next step of every device part of job `job_id`; returns the job's state."""
     s = store()
-    spec = s.job_spec(job_id)
-    if spec is None:
+    record = s.jobs.record(job_id)
+    if record is None:
+        logger.warning("advance_job: no job %s", job_id)
         return "unknown job"
-    with s.r.lock(f"{PREFIX}:lock:job:{job_id}", timeout=JOB_LOCK_TIMEOUT_S, blocking_timeout=JOB_LOCK_TIMEOUT_S):
-        for target in spec.devices:
-            part = s.part(job_id, target.device_id)
+    spec = record.spec
+    with s.lock(s.keys.job_lock(job_id), JOB_LOCK_TIMEOUT_S):
+        reader = _Reader(s, job_id, spec, record.created_at)
+        ids = [d.device_id for d in spec.devices]
+        for target, part in zip(spec.devices, s.jobs.parts(job_id, ids)):
             if part.state in TERMINAL or part.state == PartState.finetuning:
                 continue
-            _advance_part(job_id, spec, target, part)
-        parts = [s.part(job_id, d.device_id) for d in spec.devices]
+            view = reader.view(target, part)
+            _apply(job_id, part, view, plan(view))
+        parts = s.jobs.parts(job_id, ids)
         state = job_state(parts)
-        if {p.state for p in parts} <= TERMINAL and s.claim(f"finished:{job_id}", job_id):
-            s.event(job_id, f"finished: {state.value}")
+        if state not in (JobState.queued, JobState.running) and s.coordination.once(f"finished:{job_id}"):
+            s.jobs.event(job_id, EventKind.finished, f"finished: {state.value}")
     return state.value
 
 
-def _fail(job_id: str, part: DevicePart, reason: str) -> None:
-    store().put_part(job_id, part.model_copy(update={"state": PartState.failed, "reason": reason}))
-    store().event(job_id, f"{part.device_id}: failed: {reason}")
-
-
-def _advance_part(job_id: str, spec: JobSpec, target: DeviceTarget, part: DevicePart) -> None:
+def _apply(job_id: str, part: DevicePart, view: PartView, decision: Decision) -> None:
     s = store()
-    info = s.device(target.device_id)
-    if info is None:
-        known = [d.device_id for d in s.fleet()]
-        _fail(job_id, part, f"unknown device {target.device_id!r}: not registered in the fleet (registered: {known})")
+    device_id = part.device_id
+    if isinstance(decision, Wait):
         return
-    part = part.model_copy(update={"device_type": info.device_type, "simulated": info.simulated})
-    entry = get_model(spec.model)
-    tid = table_id(info.device_type, spec.model, entry.input_shape)
-    vkey = vector_key(spec.estimation_request())
-    table, vector = s.table(tid), s.vector(vkey)
-    not_before = s.job_created_at(job_id) if spec.profiling.force else None
-    if table is not None and (problem := table_problem(table, info, target.power_cap_w, not_before)):
-        if s.claim(f"stale:{tid}:{job_id}", job_id):
-            s.event(job_id, f"table {tid} not reused: {problem}")
-        table = None
-    for resource, ready in ((table_resource(tid), table), (vector_resource(vkey), vector)):
-        if ready is None and (reason := s.failure(resource)):
-            _fail(job_id, part, reason)
-            return
-    if table is None:
-        _ensure_table(job_id, spec, target, info, tid, not_before)
-    if vector is None:
-        _ensure_vector(job_id, spec, vkey)
-    if table is None or vector is None:
-        state = PartState.profiling if table is None else PartState.estimating
-        s.put_part(job_id, part.model_copy(update={"state": state}))
+    if isinstance(decision, Fail):
+        s.jobs.put_part(job_id, part.model_copy(update={"state": PartState.failed, "reason": decision.reason}))
+        s.jobs.event(job_id, EventKind.failed, f"failed: {decision.reason}", device_id)
         return
-    try:
-        choice = Equation4(vector).choose(table, target.power_cap_w)
-    except SelectionError as exc:
-        _fail(job_id, part, str(exc))
+    known = _identify(part, decision.device)
+    if isinstance(decision, Prepare):
+        s.jobs.put_part(job_id, known.model_copy(update={"state": decision.state}))
+        if decision.stale and s.coordination.once(f"stale:{decision.table_id}:{job_id}"):
+            s.jobs.event(job_id, EventKind.table_not_reused, f"table {decision.table_id} not reused: {decision.stale}", device_id)
+        if decision.profile is not None:
+            _ensure_table(job_id, view, decision)
+        if decision.estimate is not None:
+            _ensure_vector(job_id, decision)
         return
-    try:
-        base = Baseline1(vector, info.power_envelope_w).choose(table, target.power_cap_w)
-    except SelectionError as exc:
-        base = None
-        s.event(job_id, f"{target.device_id}: Baseline 1 has no configuration: {exc}")
-    part = part.model_copy(
-        update={
-            "state": PartState.finetuning,
-            "selection": choice,
-            "baseline1": base,
-            "estimated_time_to_accuracy_s": estimated_time_to_accuracy_s(table, vector, choice),
-            "baseline1_estimated_time_to_accuracy_s": base and estimated_time_to_accuracy_s(table, vector, base),
-        }
+    _start_fine_tune(job_id, known, decision)
+
+
+def _identify(part: DevicePart, device: DeviceInfo) -> DevicePart:
+    return part.model_copy(update={"device_type": device.device_type, "simulated": device.simulated})
+
+
+def _ensure_table(job_id: str, view: PartView, decision: Prepare) -> None:
+    s = store()
+    assert decision.profile is not None
+    resource = table_resource(decision.table_id)
+    s.coordination.add_waiter(resource, job_id)
+    fresh = s.resources.table(decision.table_id)
+    if fresh is not None and fresh != view.table:  # produced since we looked
+        send(app, TaskName.advance_job, job_id)
+    elif s.coordination.claim(resource, job_id):
+        request = decision.profile
+        s.jobs.event(
+            job_id, EventKind.profiling,
+            f"profiling {decision.table_id} on {request.device_id} ({request.options.mode})", request.device_id,
+        )  # fmt: skip
+        send(app, TaskName.profile_device, request, device_queue(request.device_id))
+
+
+def _ensure_vector(job_id: str, decision: Prepare) -> None:
+    s = store()
+    assert decision.estimate is not None
+    resource = vector_resource(decision.vector_key)
+    s.coordination.add_waiter(resource, job_id)
+    if s.resources.vector(decision.vector_key) is not None:  # produced since we looked
+        send(app, TaskName.advance_job, job_id)
+    elif s.coordination.claim(resource, job_id):
+        s.jobs.event(job_id, EventKind.estimating, f"estimating relation vector {decision.vector_key} on the server queue")
+        send(app, TaskName.estimate_relation_vector, decision.estimate)
+
+
+def _start_fine_tune(job_id: str, part: DevicePart, decision: FineTune) -> None:
+    s = store()
+    device_id = part.device_id
+    if decision.baseline1_problem:
+        s.jobs.event(job_id, EventKind.baseline1_unavailable, f"Baseline 1 has no configuration: {decision.baseline1_problem}", device_id)
+    s.jobs.put_part(
+        job_id,
+        part.model_copy(
+            update={
+                "state": PartState.finetuning,
+                "selection": decision.selection,
+                "baseline1": decision.baseline1,
+                "estimated_time_to_accuracy_s": decision.estimated_time_to_accuracy_s,
+                "baseline1_estimated_time_to_accuracy_s": decision.baseline1_estimated_time_to_accuracy_s,
+            }
+        ),
     )
-    s.put_part(job_id, part)
-    if s.claim(f"finetune:{job_id}:{target.device_id}", job_id):
-        s.event(job_id, f"{target.device_id}: selected b={choice.batch_size} f={choice.frequency_hz} Hz; fine-tuning")
-        app.send_task("edgetrain.finetune", args=[job_id, target.device_id], queue=device_queue(target.device_id))
-
-
-def _ensure_table(
-    job_id: str, spec: JobSpec, target: DeviceTarget, info: DeviceInfo, tid: str, not_before: datetime | None
-) -> None:
-    s = store()
-    resource = table_resource(tid)
-    s.add_waiter(resource, job_id)
-    fresh = s.table(tid)
-    if fresh is not None and table_problem(fresh, info, target.power_cap_w, not_before) is None:  # produced since we looked
-        advance_job.delay(job_id)
-    elif s.claim(resource, job_id):
-        s.event(job_id, f"profiling {tid} on {info.device_id} ({spec.profiling.mode})")
-        app.send_task(
-            "edgetrain.profile_device",
-            kwargs={
-                "device_id": info.device_id,
-                "model": spec.model,
-                "batch_sizes": spec.batch_sizes,
-                "options": spec.profiling.model_dump(),
-                "lr": spec.lr.model_dump(),
-                "power_cap_w": target.power_cap_w,
-            },
-            queue=device_queue(info.device_id),
-        )
-
-
-def _ensure_vector(job_id: str, spec: JobSpec, key: str) -> None:
-    s = store()
-    resource = vector_resource(key)
-    s.add_waiter(resource, job_id)
-    if s.vector(key) is not None:  # produced since we looked
-        advance_job.delay(job_id)
-    elif s.claim(resource, job_id):
-        s.event(job_id, f"estimating relation vector {key} on the {SERVER_QUEUE} queue")
-        app.send_task("edgetrain.estimate_relation_vector", args=[spec.estimation_request().model_dump(mode="json")])
+    if s.coordination.once(f"finetune:{job_id}:{device_id}"):
+        choice = decision.selection
+        s.jobs.event(job_id, EventKind.selected, f"selected b={choice.batch_size} f={choice.frequency_hz} Hz; fine-tuning", device_id)
+        send(app, TaskName.finetune, decision.request, device_queue(device_id))

@@ -1,13 +1,17 @@
-"""Shared fixtures: a real Redis server (embedded, on a Unix socket) per test session."""
+"""Shared fixtures: a real Redis server (embedded, on a Unix socket) per test session, and the
+fetchable datasets."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
+from edgetrain.common.settings import get_settings
 from edgetrain.common.store import Store
 from edgetrain.workers.cluster import EmbeddedRedis
+from edgetrain.workers.data_fetch import fetch
 
 
 @pytest.fixture(scope="session")
@@ -19,11 +23,35 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 def store(redis_server: EmbeddedRedis) -> Store:
-    s = Store.from_url(redis_server.url)
-    s.r.flushdb()
+    s = Store.connect(redis_server.url)
+    s.clear()
     return s
 
 
 @pytest.fixture
 def tmp(tmp_path: Path) -> Path:
     return tmp_path
+
+
+APT_DATASETS = {"fashion_mnist", "austen"}
+
+
+@pytest.fixture(scope="session")
+def fetched() -> dict[str, dict]:
+    """Every fetchable dataset in settings.data_dir (fetched once; present ones are skipped)."""
+    return fetch(None, get_settings().data_dir)
+
+
+@pytest.fixture(scope="session")
+def require_dataset(fetched: dict[str, dict]):
+    """A check that a fetchable dataset is here: fails with the fetch error (skips only where
+    apt-get does not exist)."""
+
+    def require(name: str) -> None:
+        result = fetched[name]
+        if result["status"] == "failed":
+            if name in APT_DATASETS and shutil.which("apt-get") is None:
+                pytest.skip(f"{name}: no apt-get on this machine")
+            pytest.fail(result["error"])
+
+    return require

@@ -2,31 +2,47 @@
 
 from __future__ import annotations
 
-import os
+import logging
 import socket
 
-import torch
 from celery.signals import worker_process_init
 
-from edgetrain.common.settings import get_settings
+from edgetrain.common.settings import Settings
+from edgetrain.tasks import context
+
+logger = logging.getLogger(__name__)
 
 
-def _set_torch_threads(**_: object) -> None:
-    threads = get_settings().torch_threads
-    if threads:
-        torch.set_num_threads(threads)
+def _set_torch_threads(settings: Settings) -> None:
+    if settings.torch_threads:
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)
 
 
-worker_process_init.connect(_set_torch_threads, weak=False)
-
-
-def run_worker(queues: list[str], name: str, concurrency: int, pool: str, loglevel: str = "INFO") -> None:
-    """Consume `queues` until a shutdown signal (SIGTERM/SIGINT: warm shutdown)."""
-    from edgetrain.tasks.app import app
-
-    _set_torch_threads()
+def consume(queues: list[str], name: str, concurrency: int, pool: str, loglevel: str = "INFO") -> None:
+    """Consume `queues` with the app `context.init` configured, until a shutdown signal
+    (SIGTERM/SIGINT: warm shutdown)."""
+    settings = context.settings()
+    _set_torch_threads(settings)
+    worker_process_init.connect(lambda **_: _set_torch_threads(settings), weak=False)
     node = f"{name}@{socket.gethostname()}"
-    os.environ.setdefault("EDGETRAIN_WORKER_NAME", node)
-    app.worker_main(
+    logger.info("worker %s consuming %s", node, ",".join(queues))
+    context.app().worker_main(
         argv=["worker", "-Q", ",".join(queues), "-n", node, "-c", str(concurrency), "-P", pool, "--loglevel", loglevel, "-E"]
     )
+
+
+def run_worker(
+    settings: Settings,
+    queues: list[str],
+    name: str,
+    concurrency: int,
+    pool: str,
+    loglevel: str = "INFO",
+    task_modules: tuple[str, ...] | None = None,
+) -> None:
+    """Configure this process from `settings` and consume `queues`, running the tasks of
+    `task_modules` (default: all)."""
+    context.init(settings, task_modules)
+    consume(queues, name, concurrency, pool, loglevel)

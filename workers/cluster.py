@@ -109,16 +109,17 @@ class LocalCluster:
 
     def wait_ready(self, timeout_s: float) -> None:
         """Wait until every device is in the fleet and every worker answers a ping."""
-        from edgetrain.tasks.app import create_app
+        from edgetrain.common.settings import Settings
+        from edgetrain.tasks.app import producer_app
 
-        app = create_app(self.redis_url)
+        app = producer_app(Settings(redis_url=self.redis_url))
         store = self.store()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             dead = [w.name for w in self.workers if not w.alive()]
             if dead:
                 raise RuntimeError(f"worker processes exited at start: {dead}; see logs in {self.workdir / 'logs'}")
-            registered = {d.device_id for d in store.fleet()}
+            registered = {d.device_id for d in store.fleet.devices()}
             replies = app.control.ping(timeout=1.0) if registered >= set(self.devices) else []
             if len(replies) >= len(self.workers):
                 return
@@ -126,7 +127,8 @@ class LocalCluster:
         raise TimeoutError(f"workers not ready after {timeout_s} s; see logs in {self.workdir / 'logs'}")
 
     def store(self) -> Store:
-        return Store.from_url(self.redis_url)
+        assert self.redis_url is not None, "the cluster is not started"
+        return Store.connect(self.redis_url)
 
     def stop(self) -> None:
         """Warm shutdown (SIGTERM), then SIGKILL after a grace period; then Redis."""

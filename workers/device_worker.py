@@ -3,19 +3,27 @@ consumes only `device.<id>`, one task at a time; original settings are restored 
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import threading
 import zlib
 from pathlib import Path
 
+import redis
+
 from edgetrain.common.devices.base import Device, DeviceError
 from edgetrain.common.profiling import software_versions
 from edgetrain.common.schemas import DeviceInfo
-from edgetrain.common.settings import get_settings
+from edgetrain.common.settings import Settings
 from edgetrain.common.store import Store
+from edgetrain.tasks import context
+from edgetrain.tasks.contract import device_queue
 
-from .celery_worker import run_worker
+from .celery_worker import consume
+
+logger = logging.getLogger(__name__)
+DEVICE_TASKS = ("edgetrain.tasks.workflow", "edgetrain.tasks.device")
 
 BACKENDS = "sim:<twin name or spec file>, jetson, nvml"
 
@@ -54,41 +62,38 @@ def device_info(device_id: str, device: Device) -> DeviceInfo:
 class Heartbeat(threading.Thread):
     """Keeps the device's fleet record alive (TTL) while the worker runs."""
 
-    def __init__(self, store: Store, info: DeviceInfo):
+    def __init__(self, store: Store, info: DeviceInfo, settings: Settings):
         super().__init__(name="edgetrain-heartbeat", daemon=True)
-        self.store, self.info = store, info
+        self.store, self.info, self.settings = store, info, settings
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        settings = get_settings()
         while not self.stopped.is_set():
             try:
-                self.store.register_device(self.info, settings.heartbeat_ttl_s)
-            except Exception:  # Redis restarting: try again next period
-                pass
-            self.stopped.wait(settings.heartbeat_s)
+                self.store.fleet.register(self.info, self.settings.heartbeat_ttl_s)
+            except redis.RedisError as exc:  # Redis restarting: try again next period
+                logger.warning("heartbeat of %s failed: %s; retrying in %g s", self.info.device_id, exc, self.settings.heartbeat_s)
+            self.stopped.wait(self.settings.heartbeat_s)
 
     def stop(self) -> None:
         self.stopped.set()
         self.join(timeout=5)
-        self.store.unregister_device(self.info.device_id)
+        self.store.fleet.unregister(self.info.device_id)
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def run_device_worker(device_id: str, device: Device, loglevel: str = "INFO") -> None:
+def run_device_worker(settings: Settings, device_id: str, device: Device, loglevel: str = "INFO") -> None:
+    """Register `device` in the fleet and run its tasks from `device.<id>`, one at a time."""
     from edgetrain.common.devices.lifecycle import restore_on_signals
-    from edgetrain.tasks.app import device_queue
-    from edgetrain.tasks.context import bind_device
 
-    settings = get_settings()
-    store = Store.from_url(settings.redis_url)
+    store = context.init(settings, DEVICE_TASKS)
+    context.bind_device(device_id, device)
     info = device_info(device_id, device)
-    bind_device(device_id, device)
-    store.register_device(info, settings.heartbeat_ttl_s)
-    heartbeat = Heartbeat(store, info)
+    store.fleet.register(info, settings.heartbeat_ttl_s)
+    heartbeat = Heartbeat(store, info, settings)
     heartbeat.start()
     # Until Celery installs its own handlers, SIGTERM/SIGINT restore and exit through the
     # `finally` below; afterwards a SIGTERM is a warm shutdown (the running task finishes at
@@ -97,7 +102,7 @@ def run_device_worker(device_id: str, device: Device, loglevel: str = "INFO") ->
         signal.signal(signum, _exit_on_signal)
     restore_on_signals(device)
     try:
-        run_worker([device_queue(device_id)], f"device-{device_id}", concurrency=1, pool="solo", loglevel=loglevel)
+        consume([device_queue(device_id)], f"device-{device_id}", concurrency=1, pool="solo", loglevel=loglevel)
     finally:
         device.restore()
         heartbeat.stop()

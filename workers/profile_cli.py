@@ -15,9 +15,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .cli_args import ExitCode, settings_from
+from .output import describe_table, format_table, note
+
 if TYPE_CHECKING:
-    from edgetrain.common.models import ModelEntry
+    from edgetrain.common.payloads import ProfileRequest
     from edgetrain.common.schemas import DeviceInfo, ProfileTable
+    from edgetrain.common.settings import Settings
     from edgetrain.common.store import Store
 
 POLL_S = 0.5
@@ -39,205 +43,160 @@ def _batch_sizes(text: str) -> list[int]:
     return values
 
 
-def _status(text: str) -> None:
-    """Progress messages go to stderr, so stdout holds only the result (text or JSON)."""
-    print(text, file=sys.stderr, flush=True)
-
-
-def describe(table: ProfileTable) -> str:
-    """One line: which table, how it was profiled, how much of it was measured."""
-    from edgetrain.common.plotting import measured_points
-    from edgetrain.common.store import table_id
-
-    tid = table_id(table.device_type, table.model, table.input_shape)
-    mode = f"staircase for cap {table.power_cap_w} W" if table.mode == "staircase" else "grid"
-    total = len(table.batch_sizes) * len(table.frequencies_hz)
-    origin = "SIMULATED (figures from a twin)" if table.simulated else "measured on the device"
-    return (
-        f"table {tid}: {mode}, {measured_points(table)} of {total} points measured, "
-        f"b_mem = {table.max_batch_size}, N_s = {table.samples} samples, "
-        f"created {table.created_at:%Y-%m-%d %H:%M:%S %Z}, {origin}"
-    )
-
-
-def format_table(table: ProfileTable) -> str:
-    """Both lookup tables as text grids, '-' for unmeasured points."""
-    limit = table.max_batch_size
-    header = "b \\ f MHz" + "".join(f"{f / 1e6:>9g}" for f in table.frequencies_hz)
-    lines = [describe(table)]
-    for name, values, fmt in (
-        ("peak board power P[b][f] (W)", table.peak_power_w, ".2f"),
-        (f"time T[b][f] for N_s = {table.samples} samples (s)", table.time_s, ".4g"),
-    ):
-        lines += ["", name, header]
-        for b, row in zip(table.batch_sizes, values):
-            cells = "".join(f"{'-' if v is None else format(v, fmt):>9}" for v in row)
-            lines.append(f"{b:>9}{cells}" + ("  does not fit in memory" if limit is not None and b > limit else ""))
-    return "\n".join(lines)
-
-
 def _result(table: ProfileTable, as_json: bool) -> int:
-    print(table.model_dump_json(indent=2) if as_json else describe(table))
-    return 0
+    print(table.model_dump_json(indent=2) if as_json else describe_table(table))
+    return ExitCode.ok
 
 
 def _reuse_problem(current: ProfileTable, info: DeviceInfo, args: argparse.Namespace) -> str | None:
     """Why the stored table does not serve this request, or None when it is reused."""
-    from edgetrain.tasks.workflow import table_problem
+    from edgetrain.common.tables import reuse_problem
 
     if args.force:
         return "--force profiles again"
     if args.grid and current.mode != "grid":
         return "--grid asks for the full grid, the stored table is a staircase"
-    return table_problem(current, info, args.power_cap_w)
+    return reuse_problem(current, info, args.power_cap_w)
 
 
 def _new_table(s: Store, tid: str, before: datetime | None) -> ProfileTable | None:
     """The table once its created_at differs from `before`; raises ProfilingFailed on a failure."""
-    from edgetrain.tasks.workflow import table_resource
+    from edgetrain.common.keys import table_resource
 
-    table = s.table(tid)
+    table = s.resources.table(tid)
     if table is not None and table.created_at != before:
         return table
-    reason = s.failure(table_resource(tid))
+    reason = s.coordination.failure(table_resource(tid))
     if reason:
         raise ProfilingFailed(reason)
     return None
 
 
-def _dispatch(info: DeviceInfo, entry: ModelEntry, args: argparse.Namespace, redis_url: str) -> None:
-    """Send `edgetrain.profile_device` to the device's queue; the caller holds the claim."""
-    from edgetrain.common.schemas import PAPER_BATCH_SIZES, LearningRatePolicy, ProfilingOptions
-    from edgetrain.tasks.app import create_app, device_queue
+def _request(info: DeviceInfo, args: argparse.Namespace) -> ProfileRequest:
+    """The profile this command asks for: staircase for a given cap unless --grid."""
+    from edgetrain.common.payloads import profile_request
+    from edgetrain.common.schemas import ProfilingOptions
 
     mode = "staircase" if args.power_cap_w is not None and not args.grid else "grid"
-    create_app(redis_url).send_task(
-        "edgetrain.profile_device",
-        kwargs={
-            "device_id": info.device_id,
-            "model": entry.name,
-            "batch_sizes": args.batch_sizes or PAPER_BATCH_SIZES,
-            "options": ProfilingOptions(mode=mode).model_dump(),
-            "lr": LearningRatePolicy(optimizer=entry.optimizer).model_dump(),
-            "power_cap_w": args.power_cap_w,
-        },
-        queue=device_queue(info.device_id),
-    )
-    cap = f" for cap {args.power_cap_w} W" if mode == "staircase" else ""
-    _status(f"profiling {entry.name} on {info.device_id} ({info.device_type}): {mode}{cap}; waiting up to {args.timeout:g} s")
+    return profile_request(info.device_id, args.model, args.batch_sizes, ProfilingOptions(mode=mode), args.power_cap_w)
 
 
 def _profile_and_wait(
-    s: Store, info: DeviceInfo, entry: ModelEntry, tid: str, before: datetime | None, args: argparse.Namespace, redis_url: str
+    settings: Settings, s: Store, info: DeviceInfo, tid: str, before: datetime | None, args: argparse.Namespace
 ) -> int:
     """Claim the table and dispatch its profiling (or wait for the holder of the claim)."""
-    from edgetrain.common.store import CLAIM_TTL_S, PREFIX
+    from edgetrain.common.keys import table_resource
+    from edgetrain.common.store.coordination import CLAIM_TTL_S
+    from edgetrain.tasks.app import producer_app
     from edgetrain.tasks.client import poll_until
-    from edgetrain.tasks.workflow import table_resource
+    from edgetrain.tasks.contract import TaskName, device_queue, send
 
     resource = table_resource(tid)
-    if s.claim(resource, f"cli:{socket.gethostname()}:{os.getpid()}"):
-        s.r.delete(f"{PREFIX}:failed:{resource}")  # a failure of an earlier attempt is not this one's
+    if s.coordination.claim(resource, f"cli:{socket.gethostname()}:{os.getpid()}"):
+        s.coordination.clear_failure(resource)  # a failure of an earlier attempt is not this one's
         try:
-            _dispatch(info, entry, args, redis_url)
+            request = _request(info, args)
+            send(producer_app(settings), TaskName.profile_device, request, device_queue(info.device_id))
         except BaseException:
-            s.release(resource)
+            s.coordination.release(resource)
             raise
+        cap = f" for cap {request.power_cap_w} W" if request.options.mode == "staircase" else ""
+        note(f"profiling {request.model} on {info.device_id} ({info.device_type}): {request.options.mode}{cap}; "
+             f"waiting up to {args.timeout:g} s")  # fmt: skip
     else:
-        _status(f"{tid} is being profiled already (claim {resource!r} is held): waiting for it up to {args.timeout:g} s")
+        note(f"{tid} is being profiled already (claim {resource!r} is held): waiting for it up to {args.timeout:g} s")
     try:
         table = poll_until(lambda: _new_table(s, tid, before), args.timeout, POLL_S, f"profiling of {tid}")
     except ProfilingFailed as exc:
         print(f"profiling failed: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.failed
     except TimeoutError as exc:
         print(
             f"{exc}: is the worker of {info.device_id} running? If nothing is profiling, the claim "
             f"{resource!r} is stale; it expires {CLAIM_TTL_S / 3600:g} h after it was taken",
             file=sys.stderr,
         )
-        return 1
+        return ExitCode.failed
     return _result(table, args.json)
 
 
 def cmd_profile_run(args: argparse.Namespace) -> int:
+    from edgetrain.common.keys import table_id
     from edgetrain.common.models import get_model
-    from edgetrain.common.store import Store, table_id
+    from edgetrain.common.store import Store
 
-    from .cli import _redis_url
-
-    redis_url = _redis_url(args)
-    s = Store.from_url(redis_url)
-    info = s.device(args.device_id)
+    settings = settings_from(args)
+    s = Store.connect(settings.redis_url, settings.key_prefix)
+    info = s.fleet.device(args.device_id)
     if info is None:
-        known = [d.device_id for d in s.fleet()]
+        known = [d.device_id for d in s.fleet.devices()]
         print(f"unknown device {args.device_id!r}: not registered in the fleet (registered: {known})", file=sys.stderr)
-        return 2
+        return ExitCode.usage
     try:
         entry = get_model(args.model)
     except ValueError as exc:
         print(exc, file=sys.stderr)
-        return 2
+        return ExitCode.usage
     tid = table_id(info.device_type, entry.name, entry.input_shape)
-    current = s.table(tid)
+    current = s.resources.table(tid)
     if current is not None:
         problem = _reuse_problem(current, info, args)
         if problem is None:
-            _status(f"a current table exists for {tid}: reused (--force profiles again)")
+            note(f"a current table exists for {tid}: reused (--force profiles again)")
             return _result(current, args.json)
-        _status(f"table {tid} not reused: {problem}")
-    return _profile_and_wait(s, info, entry, tid, current.created_at if current else None, args, redis_url)
+        note(f"table {tid} not reused: {problem}")
+    return _profile_and_wait(settings, s, info, tid, current.created_at if current else None, args)
 
 
 def cmd_profile_show(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from edgetrain.common.keys import table_id
     from edgetrain.common.models import get_model
     from edgetrain.common.plotting import describe_selection, plot_profile
     from edgetrain.common.schemas import RelationVector
-    from edgetrain.common.store import Store, table_id
-
-    from .cli import _redis_url
+    from edgetrain.common.store import Store
 
     try:
         entry = get_model(args.model)
     except ValueError as exc:
         print(exc, file=sys.stderr)
-        return 2
+        return ExitCode.usage
     vector = None
     if args.vector:
         try:
             vector = RelationVector.model_validate_json(Path(args.vector).read_text())
         except (OSError, ValidationError) as exc:
             print(f"cannot read the relation vector {args.vector}: {exc}", file=sys.stderr)
-            return 2
-    s = Store.from_url(_redis_url(args))
+            return ExitCode.usage
+    settings = settings_from(args)
+    s = Store.connect(settings.redis_url, settings.key_prefix)
     tid = table_id(args.device_type, entry.name, entry.input_shape)
-    table = s.table(tid)
+    table = s.resources.table(tid)
     if table is None:
-        stored = [table_id(t.device_type, t.model, t.input_shape) for t in s.tables()]
+        stored = [table_id(t.device_type or "?", t.model or "?", t.input_shape or []) for t in s.resources.tables()]
         print(f"no table {tid!r} in Redis (stored: {stored}); make one with "
               f"`edgetrain profile run --device-id ID --model {entry.name}`", file=sys.stderr)  # fmt: skip
-        return 2
+        return ExitCode.usage
     cap = args.power_cap_w if args.power_cap_w is not None else table.power_cap_w
     if args.plot:
         plot_profile(table, args.plot, cap, vector)
-        _status(f"plot written to {args.plot}")
+        note(f"plot written to {args.plot}")
     if args.json:
         print(table.model_dump_json(indent=2))
-        return 0
+        return ExitCode.ok
     print(format_table(table))
     cap_note = f"power cap {cap} W" if cap is not None else "no power cap"
     print(f"\n{cap_note}: {describe_selection(table, vector, cap)[1]}")
-    return 0
+    return ExitCode.ok
 
 
-def add_profile_commands(subparsers: argparse._SubParsersAction) -> None:
+def add_profile_commands(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
     """Add `profile run` and `profile show` to the `edgetrain` command."""
     parser = subparsers.add_parser("profile", help="profile a model on a device, or show a stored lookup table")
     sub = parser.add_subparsers(dest="profile_command", required=True)
 
-    p = sub.add_parser("run", help="profile a model on a registered device and store T[b][f], P[b][f]")
+    p = sub.add_parser("run", help="profile a model on a registered device and store T[b][f], P[b][f]", parents=parents)
     p.add_argument("--device-id", required=True, help="a device registered in the fleet (edgetrain fleet)")
     p.add_argument("--model", required=True, help="registered model name or package.module:factory")
     p.add_argument("--power-cap-w", type=float, help="board power cap (W): staircase profiling for this cap")
@@ -248,7 +207,7 @@ def add_profile_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for the table")
     p.set_defaults(func=cmd_profile_run)
 
-    p = sub.add_parser("show", help="show a stored lookup table (text, JSON or a PNG plot)")
+    p = sub.add_parser("show", help="show a stored lookup table (text, JSON or a PNG plot)", parents=parents)
     p.add_argument("device_type", help="device type, e.g. jetson-nano (see edgetrain fleet)")
     p.add_argument("model", help="model name; its input shape completes the table id")
     p.add_argument("--json", action="store_true", help="print the table as JSON (what `edgetrain select --profile` reads)")

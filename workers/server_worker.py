@@ -7,20 +7,26 @@ import signal
 import subprocess
 import sys
 
+from edgetrain.common.settings import Settings
+from edgetrain.tasks.contract import SERVER_QUEUE
+
 from .celery_worker import run_worker
 
+SERVER_TASKS = ("edgetrain.tasks.workflow", "edgetrain.tasks.server")
 
-def run_server_workers(name: str | None, concurrency: int, gpus: str | None, loglevel: str) -> int:
+
+def run_server_workers(settings: Settings, name: str | None, concurrency: int, gpus: str | None, loglevel: str) -> int:
     """Without `gpus`, one Celery worker with `concurrency` processes. With `gpus` ("0,1"),
     one worker process per GPU, each seeing only its GPU (CUDA_VISIBLE_DEVICES), since CUDA
     cannot be initialised again in a forked child."""
     base = name or "server"
     if not gpus:
-        run_worker(["server"], base, concurrency, "prefork", loglevel)
+        run_worker(settings, [SERVER_QUEUE], base, concurrency, "prefork", loglevel, SERVER_TASKS)
         return 0
     children = []
     for index in gpus.split(","):
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": index.strip()}
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": index.strip(), "EDGETRAIN_REDIS_URL": settings.redis_url,
+               "EDGETRAIN_KEY_PREFIX": settings.key_prefix}  # fmt: skip
         argv = [sys.executable, "-m", "edgetrain.workers.cli", "worker", "server", "--name", f"{base}-gpu{index.strip()}", "--loglevel", loglevel]
         children.append(subprocess.Popen(argv, env=env))
 

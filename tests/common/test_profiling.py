@@ -3,45 +3,17 @@ from datetime import timedelta
 
 import pytest
 
-from edgetrain.common.devices.base import Measurement
 from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
 from edgetrain.common.models import get_model
 from edgetrain.common.profiling import profile, software_versions, staircase
 from edgetrain.common.schemas import DeviceInfo, LearningRatePolicy, ProfileTable, ProfilingOptions, RelationVector, utc_now
 from edgetrain.common.selection import Equation4, InfeasibleCapError
-from edgetrain.tasks.workflow import table_problem
-from tests.common.test_selection import B, F, random_monotone_table
+from edgetrain.common.tables import reuse_problem
+from edgetrain.common.testing.devices import RecordedDevice
+from edgetrain.common.testing.tables import B, F, random_monotone_table
 
 SMALL = get_model("smallcnn")
 LR = LearningRatePolicy()
-
-
-class RecordedDevice:
-    """A device that replays a recorded grid of step times and peak powers."""
-
-    device_type, backend, simulated = "recorded", "recorded", True
-
-    def __init__(self, table: ProfileTable, max_batch: int | None = None):
-        self.table, self.max_batch, self.f = table, max_batch, None
-        self.frequencies_hz, self.memory_bytes, self.power_envelope_w = table.frequencies_hz, 1, None
-
-    def set_frequency(self, frequency_hz: int) -> None:
-        self.f = frequency_hz
-
-    def bind_workload(self, workload) -> None:
-        pass
-
-    def fits(self, batch_size: int) -> bool:
-        return self.max_batch is None or batch_size <= self.max_batch
-
-    def run_steps(self, step, batch_size: int, steps: int) -> Measurement:
-        i, j = self.table.batch_sizes.index(batch_size), self.table.frequencies_hz.index(self.f)
-        per_step = self.table.time_s[i][j] * batch_size / self.table.samples
-        p = self.table.peak_power_w[i][j]
-        return Measurement(steps, batch_size, per_step * steps, per_step * steps * p, p, p, True)
-
-    def restore(self) -> None:
-        self.f = None
 
 
 def fstar(table: ProfileTable, b: int, cap: float):
@@ -124,9 +96,9 @@ def test_tables_record_what_produced_them_and_stale_ones_are_refused() -> None:
     table = profile_twin("grid", None, seed=1, batch_sizes=(4,))
     assert table.produced_by == software_versions() and table.produced_by["torch"]
     info = DeviceInfo(device_id="n", device_type="jetson-nano", backend="sim", frequencies_hz=[1], memory_bytes=1, simulated=True, software=software_versions())
-    assert table_problem(table, info, None) is None
+    assert reuse_problem(table, info, None) is None
     newer = info.model_copy(update={"software": software_versions() | {"torch": "99.0"}})
-    assert "torch" in table_problem(table, newer, None)
-    assert "force" in table_problem(table, info, None, not_before=utc_now() + timedelta(seconds=1))
+    assert "torch" in reuse_problem(table, newer, None)
+    assert "force" in reuse_problem(table, info, None, not_before=utc_now() + timedelta(seconds=1))
     stairs = table.model_copy(update={"mode": "staircase", "power_cap_w": 4.0})
-    assert table_problem(stairs, info, 4.0) is None and "staircase" in table_problem(stairs, info, 5.0)
+    assert reuse_problem(stairs, info, 4.0) is None and "staircase" in reuse_problem(stairs, info, 5.0)

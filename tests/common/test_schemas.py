@@ -1,20 +1,17 @@
-import copy
-
 import pytest
 
-from edgetrain.common.schemas import DevicePart, JobState, LearningRatePolicy, PartState, job_state
+from edgetrain.common.jobs import DevicePart, JobState, PartState, job_state
+from edgetrain.common.presets import QUICK_JOB, quick_job
+from edgetrain.common.schemas import LearningRatePolicy
 from edgetrain.tasks.client import JobSpecError, validate_job
-from edgetrain.workers.demo import DEMO_JOB
 
 
 def spec(**changes):
-    job = copy.deepcopy(DEMO_JOB)
-    job.update(changes)
-    return job
+    return quick_job(**changes)
 
 
 def test_demo_job_is_valid() -> None:
-    job = validate_job(DEMO_JOB)
+    job = validate_job(QUICK_JOB)
     assert job.batch_sizes == [4, 8, 16, 32, 64, 128]
 
 

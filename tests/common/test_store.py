@@ -1,8 +1,12 @@
 import time
 
+import pytest
+
+from edgetrain.common.jobs import EventKind, FinetuneProgress, JobState
+from edgetrain.common.keys import table_id
+from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, JobSpec, ProfileTable, RelationVector, TrainingOutcome
-from edgetrain.common.store import table_id
-from edgetrain.workers.demo import DEMO_JOB
+from edgetrain.common.store import JobNotFoundError, Store
 
 
 def info(device_id: str) -> DeviceInfo:
@@ -10,13 +14,13 @@ def info(device_id: str) -> DeviceInfo:
 
 
 def test_fleet_registration_expires_without_heartbeat(store) -> None:
-    store.register_device(info("a"), ttl_s=0.3)
-    store.register_device(info("b"), ttl_s=30)
-    assert [d.device_id for d in store.fleet()] == ["a", "b"]
+    store.fleet.register(info("a"), ttl_s=0.3)
+    store.fleet.register(info("b"), ttl_s=30)
+    assert [d.device_id for d in store.fleet.devices()] == ["a", "b"]
     time.sleep(0.5)
-    assert [d.device_id for d in store.fleet()] == ["b"]
-    store.unregister_device("b")
-    assert store.fleet() == []
+    assert [d.device_id for d in store.fleet.devices()] == ["b"]
+    store.fleet.unregister("b")
+    assert store.fleet.devices() == []
 
 
 def test_table_and_vector_round_trip(store) -> None:
@@ -24,36 +28,64 @@ def test_table_and_vector_round_trip(store) -> None:
         batch_sizes=[4], frequencies_hz=[10], samples=5, time_s=[[1.0]], peak_power_w=[[None]],
         device_type="jetson-nano", model="smallcnn", input_shape=[1, 28, 28], points_measured=1,
     )  # fmt: skip
-    tid = store.put_table(table)
+    tid = store.resources.put_table(table)
     assert tid == table_id("jetson-nano", "smallcnn", [1, 28, 28]) == "jetson-nano:smallcnn:1x28x28"
-    again = store.table(tid)
+    again = store.resources.table(tid)
     assert again.time_s == [[1.0]] and again.peak_power_w == [[None]] and again.points_measured == 1
-    assert [t.model for t in store.tables("jetson-nano")] == ["smallcnn"]
-    assert store.tables("jetson-tx2-nx") == []
+    assert [t.model for t in store.resources.tables("jetson-nano")] == ["smallcnn"]
+    assert store.resources.tables("jetson-tx2-nx") == []
     vector = RelationVector(batch_sizes=[4, 8], ratios=[None, 1.0], key="k1")
-    store.put_vector(vector)
-    assert store.vector("k1").ratios == [None, 1.0]
+    store.resources.put_vector(vector)
+    assert store.resources.vector("k1").ratios == [None, 1.0]
 
 
-def test_vector_parts_count_and_claims(store) -> None:
+def test_vector_parts_count_claims_and_once(store) -> None:
     outcome = TrainingOutcome(batch_size=4, seed=0, samples_to_accuracy=10, reached=True, final_accuracy=0.9, samples_processed=10, evaluations=1, wall_s=0.1)
-    assert store.put_vector_part("k", outcome) == 1
-    assert store.put_vector_part("k", outcome) == 1  # a redelivered part counts once
-    assert store.put_vector_part("k", outcome.model_copy(update={"seed": 1})) == 2
-    assert store.claim("r", "job1") and not store.claim("r", "job2")
-    store.add_waiter("r", "job1")
-    store.add_waiter("r", "job2")
-    assert store.take_waiters("r") == ["job1", "job2"] and store.take_waiters("r") == []
-    store.fail("r", "broken")
-    assert store.failure("r") == "broken" and store.claim("r", "job3")
+    assert store.resources.put_vector_part("k", outcome) == 1
+    assert store.resources.put_vector_part("k", outcome) == 1  # a redelivered part counts once
+    assert store.resources.put_vector_part("k", outcome.model_copy(update={"seed": 1})) == 2
+    c = store.coordination
+    assert c.claim("r", "job1") and not c.claim("r", "job2") and c.holder("r") == "job1"
+    c.add_waiter("r", "job1")
+    c.add_waiter("r", "job2")
+    assert c.take_waiters("r") == ["job1", "job2"] and c.take_waiters("r") == []
+    c.fail("r", "broken")
+    assert c.failure("r") == "broken" and c.holder("r") is None and c.claim("r", "job3")
+    c.clear_failure("r")
+    assert c.failure("r") is None
+    assert c.once("finished:j") and not c.once("finished:j")
+    assert not c.claim("r", "job4")  # claims and once-only markers are separate names
 
 
-def test_job_record_and_status(store) -> None:
-    spec = JobSpec.model_validate(DEMO_JOB)
-    store.create_job("j1", spec)
-    status = store.status("j1")
-    assert status.state.value == "queued"
+def test_attempts_are_counted_with_an_expiry(store, redis_server) -> None:
+    assert [store.coordination.count_attempt("t1") for _ in range(3)] == [1, 2, 3]
+    raw = Store.connect(redis_server.url)._redis
+    assert 0 < raw.ttl(store.keys.attempts("t1")) <= 7 * 24 * 3600
+
+
+def test_job_record_status_progress_and_structured_events(store) -> None:
+    spec = JobSpec.model_validate(quick_job())
+    store.jobs.create("j1", spec)
+    status = store.jobs.status("j1")
+    assert status.state == JobState.queued and not status.finished
     assert set(status.parts) == {"nano-1", "tx2nx-1"}
-    store.set_progress("j1", "nano-1", samples=10, accuracy=0.5)
-    assert store.status("j1").progress == {"nano-1": {"samples": 10.0, "accuracy": 0.5}}
-    assert store.status("missing") is None
+    assert [e.kind for e in status.events] == [EventKind.submitted]
+    progress = FinetuneProgress(samples=10, accuracy=0.5, device_time_s=1.0, energy_j=2.0, target_accuracy=0.85, max_samples=100)
+    store.jobs.set_progress("j1", "nano-1", progress)
+    store.jobs.event("j1", EventKind.failed, "failed: broken", "nano-1")
+    status = store.jobs.status("j1")
+    assert status.progress == {"nano-1": progress}
+    assert status.events[-1].kind == EventKind.failed and status.events[-1].device_id == "nano-1"
+    assert store.jobs.job_ids() == ["j1"]
+    with pytest.raises(JobNotFoundError):
+        store.jobs.status("missing")
+
+
+def test_key_prefixes_let_two_deployments_share_one_redis(redis_server) -> None:
+    a, b = Store.connect(redis_server.url, "deploy-a"), Store.connect(redis_server.url, "deploy-b")
+    a.clear(), b.clear()
+    a.fleet.register(info("only-in-a"), ttl_s=30)
+    a.jobs.create("j1", JobSpec.model_validate(quick_job()))
+    assert [d.device_id for d in a.fleet.devices()] == ["only-in-a"] and b.fleet.devices() == []
+    assert a.jobs.job_ids() == ["j1"] and b.jobs.job_ids() == []
+    assert b.clear() == 0 and a.clear() > 0 and a.jobs.job_ids() == []

@@ -33,13 +33,13 @@ def test_fan_out_over_two_server_workers_then_cache_hit(cluster) -> None:
     vector = client.estimate(REQUEST, timeout_s=300)
     assert vector.batch_sizes == [8, 16, 32, 64] and vector.ratios[-1] == 1.0
     assert all(r is not None and r > 0 for r in vector.ratios)
-    parts = cluster.store().vector_parts(vector.key)
+    parts = cluster.store().resources.vector_parts(vector.key)
     assert len(parts) == 8
     assert len({p.worker for p in parts}) == 2, [p.worker for p in parts]
     started = time.monotonic()
     again = client.estimate(REQUEST, timeout_s=60)
     assert again == vector and time.monotonic() - started < 5
-    assert len(cluster.store().vector_parts(vector.key)) == 8  # nothing trained again
+    assert len(cluster.store().resources.vector_parts(vector.key)) == 8  # nothing trained again
 
 
 def test_censored_batch_size_is_reported(cluster) -> None:
@@ -51,4 +51,4 @@ def test_censored_batch_size_is_reported(cluster) -> None:
 
 def test_pretrain_on_the_server_publishes_weights(cluster, tmp) -> None:
     result = EdgeTrainClient(cluster.redis_url).pretrain("smallcnn", {"name": "digits"}, 1000, timeout_s=120, batch_size=32)
-    assert result["weights"].startswith("file://") and 0 < result["test_accuracy"] <= 1
+    assert result.weights.startswith("file://") and 0 < result.test_accuracy <= 1

@@ -1,20 +1,19 @@
 """End to end: a real Redis and real worker processes run whole jobs."""
 
-import copy
 import json
 import subprocess
 import sys
 
 import pytest
 
-from edgetrain.common.estimation import vector_key
+from edgetrain.common.jobs import EventKind
+from edgetrain.common.keys import table_id, vector_key
 from edgetrain.common.models import get_model
+from edgetrain.common.presets import QUICK_JOB, quick_job
 from edgetrain.common.schemas import JobSpec
-from edgetrain.common.store import table_id
+from edgetrain.common.testing.tables import brute_force
 from edgetrain.tasks.client import EdgeTrainClient, JobSpecError
 from edgetrain.workers.cluster import LocalCluster
-from edgetrain.workers.demo import DEMO_JOB
-from tests.common.test_selection import brute_force
 
 pytestmark = pytest.mark.e2e
 DEVICES = {"nano-1": "sim:jetson-nano", "nano-2": "sim:jetson-nano", "tx2nx-1": "sim:jetson-tx2-nx"}
@@ -32,15 +31,9 @@ def client(cluster) -> EdgeTrainClient:
     return EdgeTrainClient(cluster.redis_url)
 
 
-def job(devices: list[dict]) -> dict:
-    spec = copy.deepcopy(DEMO_JOB)
-    spec["devices"] = devices
-    return spec
-
-
 @pytest.fixture(scope="module")
 def first_job(client):
-    job_id = client.submit(job([{"device_id": "nano-1", "power_cap_w": 3.0}, {"device_id": "tx2nx-1", "power_cap_w": 5.0}]))
+    job_id = client.submit(quick_job([{"device_id": "nano-1", "power_cap_w": 3.0}, {"device_id": "tx2nx-1", "power_cap_w": 5.0}]))
     return job_id, client.wait(job_id, timeout_s=TIMEOUT_S)
 
 
@@ -48,11 +41,11 @@ def test_two_device_job_selects_the_brute_force_argmin_and_reaches_the_target(cl
     job_id, status = first_job
     assert status.state.value == "completed", status.events
     store = cluster.store()
-    spec = JobSpec.model_validate(DEMO_JOB)
-    vector = store.vector(vector_key(spec.estimation_request()))
+    spec = JobSpec.model_validate(QUICK_JOB)
+    vector = store.resources.vector(vector_key(spec.estimation_request()))
     assert vector is not None and vector.ratios[-1] == 1.0
     for device_id, part in status.parts.items():
-        table = store.table(table_id(part.device_type, spec.model, get_model(spec.model).input_shape))
+        table = store.resources.table(table_id(part.device_type, spec.model, get_model(spec.model).input_shape))
         assert table.simulated and table.mode == "grid"
         value, b, f = brute_force(table, vector, part.power_cap_w)
         assert (part.selection.batch_size, part.selection.frequency_hz) == (b, f)
@@ -67,26 +60,26 @@ def test_two_device_job_selects_the_brute_force_argmin_and_reaches_the_target(cl
 
 def test_identical_job_profiles_and_estimates_nothing_again(cluster, client, first_job) -> None:
     store = cluster.store()
-    tables_before = {t.device_type: t.created_at for t in store.tables()}
-    job_id = client.submit(job([{"device_id": "nano-1", "power_cap_w": 3.0}, {"device_id": "tx2nx-1", "power_cap_w": 5.0}]))
+    tables_before = {t.device_type: t.created_at for t in store.resources.tables()}
+    job_id = client.submit(quick_job([{"device_id": "nano-1", "power_cap_w": 3.0}, {"device_id": "tx2nx-1", "power_cap_w": 5.0}]))
     status = client.wait(job_id, timeout_s=TIMEOUT_S)
     assert status.state.value == "completed"
-    assert not [e for e in status.events if "profiling" in e or "estimating" in e], status.events
-    assert {t.device_type: t.created_at for t in store.tables()} == tables_before
+    assert not {e.kind for e in status.events} & {EventKind.profiling, EventKind.estimating}, status.events
+    assert {t.device_type: t.created_at for t in store.resources.tables()} == tables_before
     first = client.status(first_job[0])
     for device_id, part in status.parts.items():
         assert part.selection == first.parts[device_id].selection
 
 
 def test_second_device_of_a_type_reuses_its_table(client, first_job) -> None:
-    status = client.wait(client.submit(job([{"device_id": "nano-2", "power_cap_w": 3.0}])), timeout_s=TIMEOUT_S)
+    status = client.wait(client.submit(quick_job([{"device_id": "nano-2", "power_cap_w": 3.0}])), timeout_s=TIMEOUT_S)
     assert status.state.value == "completed"
-    assert not [e for e in status.events if "profiling" in e], status.events
+    assert EventKind.profiling not in {e.kind for e in status.events}, status.events
 
 
 def test_unknown_device_and_infeasible_cap_fail_alone(client, first_job) -> None:
     job_id = client.submit(
-        job([
+        quick_job([
             {"device_id": "nano-1", "power_cap_w": 3.0},
             {"device_id": "ghost-7", "power_cap_w": 5.0},
             {"device_id": "tx2nx-1", "power_cap_w": 1.0},
@@ -102,10 +95,10 @@ def test_unknown_device_and_infeasible_cap_fail_alone(client, first_job) -> None
 
 
 def test_malformed_job_is_rejected_before_anything_is_enqueued(cluster, client) -> None:
-    before = cluster.store().job_ids()
+    before = cluster.store().jobs.job_ids()
     with pytest.raises(JobSpecError, match="target_accuracy"):
-        client.submit(job([{"device_id": "nano-1"}]) | {"target_accuracy": 2})
-    assert cluster.store().job_ids() == before
+        client.submit(quick_job([{"device_id": "nano-1"}]) | {"target_accuracy": 2})
+    assert cluster.store().jobs.job_ids() == before
 
 
 def _cli(cluster, *args: str) -> subprocess.CompletedProcess:
@@ -118,7 +111,7 @@ def test_cli_fleet_submit_and_status(cluster, tmp, first_job) -> None:
     assert sorted(d["device_id"] for d in fleet) == sorted(DEVICES)
     assert all(d["simulated"] for d in fleet)
     spec_file = tmp / "job.json"
-    spec_file.write_text(json.dumps(job([{"device_id": "tx2nx-1", "power_cap_w": 5.0}])))
+    spec_file.write_text(json.dumps(quick_job([{"device_id": "tx2nx-1", "power_cap_w": 5.0}])))
     submitted = _cli(cluster, "submit", str(spec_file), "--wait", "--json")
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.splitlines()[0]
@@ -134,22 +127,22 @@ def test_cli_fleet_submit_and_status(cluster, tmp, first_job) -> None:
 def test_stale_table_is_not_silently_reused(cluster, client, first_job) -> None:
     store = cluster.store()
     tid = table_id("jetson-tx2-nx", "smallcnn", get_model("smallcnn").input_shape)
-    stale = store.table(tid)
+    stale = store.resources.table(tid)
     stale.produced_by["torch"] = "1.10.0"
-    store.put_table(stale)
-    status = client.wait(client.submit(job([{"device_id": "tx2nx-1", "power_cap_w": 5.0}])), timeout_s=TIMEOUT_S)
+    store.resources.put_table(stale)
+    status = client.wait(client.submit(quick_job([{"device_id": "tx2nx-1", "power_cap_w": 5.0}])), timeout_s=TIMEOUT_S)
     assert status.state.value == "completed"
-    assert any("not reused" in e and "torch" in e for e in status.events), status.events
-    assert any("profiling" in e for e in status.events)
-    assert store.table(tid).produced_by["torch"] != "1.10.0"
+    assert any(e.kind == EventKind.table_not_reused and "torch" in e.message for e in status.events), status.events
+    assert EventKind.profiling in {e.kind for e in status.events}
+    assert store.resources.table(tid).produced_by["torch"] != "1.10.0"
 
 
 def test_force_profiles_again(cluster, client, first_job) -> None:
     store = cluster.store()
     tid = table_id("jetson-nano", "smallcnn", get_model("smallcnn").input_shape)
-    before = store.table(tid).created_at
-    spec = job([{"device_id": "nano-2", "power_cap_w": 3.0}])
+    before = store.resources.table(tid).created_at
+    spec = quick_job([{"device_id": "nano-2", "power_cap_w": 3.0}])
     spec["profiling"] = {"force": True}
     status = client.wait(client.submit(spec), timeout_s=TIMEOUT_S)
     assert status.state.value == "completed"
-    assert store.table(tid).created_at > before
+    assert store.resources.table(tid).created_at > before

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
+from edgetrain.common.settings import Settings
 from edgetrain.common.store import Store
-from edgetrain.tasks.app import create_app
+from edgetrain.tasks.app import producer_app
 from tests.common.devices.fake_sysfs import build_nano
 
 pytestmark = pytest.mark.e2e
@@ -21,28 +22,28 @@ pytestmark = pytest.mark.e2e
 def test_jetson_worker_registers_and_leaves_the_fleet_on_sigterm(tmp, redis_server, when: str) -> None:
     board = tmp / "board"
     build_nano(board)
-    store = Store.from_url(redis_server.url)
-    store.r.flushdb()
+    store = Store.connect(redis_server.url)
+    store.clear()
     env = {**os.environ, "EDGETRAIN_REDIS_URL": redis_server.url}
     cmd = [sys.executable, "-m", "edgetrain.workers.cli", "worker", "device", "--device-id", "jn-1", "--backend", "jetson", "--sysfs-root", str(board)]
     worker = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while store.device("jn-1") is None and time.monotonic() < deadline and worker.poll() is None:
+        while store.fleet.device("jn-1") is None and time.monotonic() < deadline and worker.poll() is None:
             time.sleep(0.2)
-        info = store.device("jn-1")
+        info = store.fleet.device("jn-1")
         assert info is not None, worker.stderr.read() if worker.poll() is not None else "not registered"
         assert (info.backend, info.simulated, info.device_type) == ("jetson", False, "jetson-nano")
         assert info.frequencies_hz[0] == 76800000 and info.frequencies_hz[-1] >= 921600000
         assert info.software["torch"]
         if when == "ready":
-            app = create_app(redis_server.url)
+            app = producer_app(Settings(redis_url=redis_server.url))
             while not app.control.ping(destination=[f"device-jn-1@{socket.gethostname()}"], timeout=1.0):
                 assert time.monotonic() < deadline and worker.poll() is None
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=60) in (0, 128 + signal.SIGTERM)
-    assert store.device("jn-1") is None
+    assert store.fleet.device("jn-1") is None
 
 
 def test_unknown_backend_is_a_clear_error(redis_server) -> None:

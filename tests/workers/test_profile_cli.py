@@ -13,9 +13,10 @@ from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
 from edgetrain.common.models import get_model
 from edgetrain.common.profiling import profile
 from edgetrain.common.schemas import DeviceInfo, LearningRatePolicy, ProfileTable, ProfilingOptions, RelationVector
-from edgetrain.common.store import table_id
+from edgetrain.common.keys import table_id
 from edgetrain.workers.cli import main as edgetrain_main
 from edgetrain.workers.cluster import LocalCluster
+from edgetrain.workers.cli_args import connection_options
 from edgetrain.workers.profile_cli import add_profile_commands
 
 B = [16, 32, 64]
@@ -26,9 +27,8 @@ TID = table_id("jetson-nano", "smallcnn", SMALL.input_shape)
 
 def cli(redis_url: str, *argv: str) -> int:
     """The `profile` commands under a parser like `edgetrain`'s."""
-    parser = argparse.ArgumentParser(prog="edgetrain")
-    parser.add_argument("--redis-url")
-    add_profile_commands(parser.add_subparsers(dest="command", required=True))
+    parser = argparse.ArgumentParser(prog="edgetrain", parents=[connection_options()])
+    add_profile_commands(parser.add_subparsers(dest="command", required=True), [connection_options(suppress_defaults=True)])
     args = parser.parse_args(["--redis-url", redis_url, *argv])
     return args.func(args)
 
@@ -40,7 +40,7 @@ def staircase_table() -> ProfileTable:
 
 
 def test_show_json_round_trips_and_select_accepts_it(store, redis_server, staircase_table, tmp, capsys) -> None:
-    store.put_table(staircase_table)
+    store.resources.put_table(staircase_table)
     assert cli(redis_server.url, "profile", "show", "jetson-nano", "smallcnn", "--json") == 0
     shown = capsys.readouterr().out
     assert ProfileTable.model_validate_json(shown) == staircase_table
@@ -53,7 +53,7 @@ def test_show_json_round_trips_and_select_accepts_it(store, redis_server, stairc
 
 
 def test_edgetrain_command_shows_the_table(store, redis_server, staircase_table) -> None:
-    store.put_table(staircase_table)
+    store.resources.put_table(staircase_table)
     cmd = [sys.executable, "-m", "edgetrain.workers.cli", "--redis-url", redis_server.url, "profile", "show", "jetson-nano", "smallcnn", "--json"]
     shown = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
@@ -61,7 +61,7 @@ def test_edgetrain_command_shows_the_table(store, redis_server, staircase_table)
 
 
 def test_show_prints_grids_and_plots(store, redis_server, staircase_table, tmp, capsys) -> None:
-    store.put_table(staircase_table)
+    store.resources.put_table(staircase_table)
     vector = tmp / "vector.json"
     vector.write_text(RelationVector(batch_sizes=B, ratios=[0.5, 0.7, 1.0]).model_dump_json())
     png = tmp / "table.png"
@@ -75,7 +75,7 @@ def test_show_prints_grids_and_plots(store, redis_server, staircase_table, tmp, 
 
 
 def test_show_unknown_table_names_the_stored_ones(store, redis_server, staircase_table, capsys) -> None:
-    store.put_table(staircase_table)
+    store.resources.put_table(staircase_table)
     assert cli(redis_server.url, "profile", "show", "jetson-tx2-nx", "smallcnn") == 2
     err = capsys.readouterr().err
     assert "no table 'jetson-tx2-nx:smallcnn:1x28x28'" in err and TID in err
@@ -87,20 +87,20 @@ def nano_7(store) -> str:
     twin = load_twin("jetson-nano")
     info = DeviceInfo(device_id="nano-7", device_type=twin.device_type, backend="sim:jetson-nano",
                       frequencies_hz=twin.frequencies_hz, memory_bytes=twin.memory_bytes, simulated=True)  # fmt: skip
-    store.register_device(info, ttl_s=60)
+    store.fleet.register(info, ttl_s=60)
     return info.device_id
 
 
 def test_run_waits_for_the_holder_of_the_claim(store, redis_server, nano_7, staircase_table, capsys) -> None:
-    assert store.claim(f"table:{TID}", "job-1")
-    threading.Timer(1.0, store.put_table, [staircase_table]).start()
+    assert store.coordination.claim(f"table:{TID}", "job-1")
+    threading.Timer(1.0, store.resources.put_table, [staircase_table]).start()
     rc = cli(redis_server.url, "profile", "run", "--device-id", nano_7, "--model", "smallcnn", "--power-cap-w", "3", "--timeout", "20")
     assert rc == 0
     assert "being profiled already" in capsys.readouterr().err
 
 
 def test_run_times_out_on_a_stale_claim(store, redis_server, nano_7, capsys) -> None:
-    assert store.claim(f"table:{TID}", "job-1")
+    assert store.coordination.claim(f"table:{TID}", "job-1")
     rc = cli(redis_server.url, "profile", "run", "--device-id", nano_7, "--model", "smallcnn", "--timeout", "1")
     assert rc == 1
     assert "is stale" in capsys.readouterr().err
@@ -123,23 +123,23 @@ SMALL_RUN = ("--model", "smallcnn", "--batch-sizes", ",".join(map(str, B)))
 def test_run_stores_staircase_then_grid_and_force_profiles_again(cluster, capsys) -> None:
     store = cluster.store()
     assert run(cluster, *SMALL_RUN, "--power-cap-w", "3") == 0
-    staircase = store.table(TID)
+    staircase = store.resources.table(TID)
     assert staircase.mode == "staircase" and staircase.power_cap_w == 3.0 and staircase.simulated
     assert staircase.points_measured <= len(B) + NANO_FREQUENCIES + len(B)  # + one walk-down step per row
     assert "staircase for cap 3.0 W" in capsys.readouterr().out
 
     assert run(cluster, *SMALL_RUN, "--power-cap-w", "3") == 0
-    assert store.table(TID).created_at == staircase.created_at
+    assert store.resources.table(TID).created_at == staircase.created_at
     assert "reused" in capsys.readouterr().err
 
     assert run(cluster, *SMALL_RUN, "--power-cap-w", "3", "--grid", "--json") == 0
     grid = ProfileTable.model_validate_json(capsys.readouterr().out)
     assert grid.mode == "grid" and grid.points_measured == len(B) * NANO_FREQUENCIES
-    assert grid == store.table(TID)
+    assert grid == store.resources.table(TID)
 
     assert run(cluster, *SMALL_RUN, "--force") == 0
     assert "not reused: --force" in capsys.readouterr().err
-    assert store.table(TID).created_at > grid.created_at
+    assert store.resources.table(TID).created_at > grid.created_at
 
 
 @pytest.mark.e2e

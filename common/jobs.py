@@ -1,0 +1,128 @@
+"""A job's records: its spec as submitted, each device's part, progress and events."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+
+from pydantic import Field
+
+from .schemas import JobSpec, RunReport, Selection, Strict, utc_now
+
+
+class PartState(str, Enum):
+    """Where one device's share of a job is (see common/planner.py for the transitions)."""
+
+    pending = "pending"
+    profiling = "profiling"
+    estimating = "estimating"
+    finetuning = "finetuning"
+    completed = "completed"
+    failed = "failed"
+
+
+TERMINAL = frozenset({PartState.completed, PartState.failed})
+
+
+class DevicePart(Strict):
+    """The state of one device's share of a job."""
+
+    device_id: str
+    power_cap_w: float | None
+    state: PartState = PartState.pending
+    reason: str | None = None
+    device_type: str | None = None
+    simulated: bool | None = None
+    selection: Selection | None = None
+    baseline1: Selection | None = None
+    estimated_time_to_accuracy_s: float | None = None
+    baseline1_estimated_time_to_accuracy_s: float | None = None
+    report: RunReport | None = None
+    updated_at: datetime = Field(default_factory=utc_now)
+
+
+class JobState(str, Enum):
+    """A job's state, derived from its parts by `job_state`."""
+
+    queued = "queued"  # every part pending
+    running = "running"
+    completed = "completed"  # every device part completed
+    partial = "partial"  # some parts completed, some failed
+    failed = "failed"  # every part failed
+
+
+class JobRecord(Strict):
+    """What was submitted, and when."""
+
+    job_id: str
+    spec: JobSpec
+    created_at: datetime = Field(default_factory=utc_now)
+
+
+class EventKind(str, Enum):
+    """What happened to a job; events carry a kind for programs and a message for people."""
+
+    submitted = "submitted"
+    table_not_reused = "table_not_reused"
+    profiling = "profiling"  # profiling dispatched to a device
+    estimating = "estimating"  # relation-vector estimation dispatched to the server pool
+    selected = "selected"  # (b, f) selected, fine-tuning dispatched
+    baseline1_unavailable = "baseline1_unavailable"
+    completed = "completed"
+    failed = "failed"
+    finished = "finished"  # every part is completed or failed
+
+
+class JobEvent(Strict):
+    """One entry of a job's event log."""
+
+    at: datetime = Field(default_factory=utc_now)
+    kind: EventKind
+    device_id: str | None = None
+    message: str
+
+    def line(self) -> str:
+        """The event as one line for people: time, device, message."""
+        who = f"{self.device_id}: " if self.device_id else ""
+        return f"{self.at:%H:%M:%S} {who}{self.message}"
+
+
+class FinetuneProgress(Strict):
+    """A running fine-tune's latest evaluation."""
+
+    samples: int
+    accuracy: float
+    device_time_s: float = Field(description="device time so far (simulated on a twin)")
+    energy_j: float
+    target_accuracy: float
+    max_samples: int
+    updated_at: datetime = Field(default_factory=utc_now)
+
+
+class JobStatus(Strict):
+    """Everything known about a job, read in one go."""
+
+    job_id: str
+    state: JobState
+    spec: JobSpec
+    parts: dict[str, DevicePart]
+    progress: dict[str, FinetuneProgress] = Field(default_factory=dict)
+    created_at: datetime
+    events: list[JobEvent] = Field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        """Every part is completed or failed."""
+        return all(p.state in TERMINAL for p in self.parts.values())
+
+
+def job_state(parts: list[DevicePart]) -> JobState:
+    """Derive a job's state from its device parts."""
+    states = {p.state for p in parts}
+    if not states <= TERMINAL:
+        return JobState.running if states != {PartState.pending} else JobState.queued
+    if states == {PartState.completed}:
+        return JobState.completed
+    if states == {PartState.failed}:
+        return JobState.failed
+    return JobState.partial

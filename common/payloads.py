@@ -1,0 +1,121 @@
+"""The payload of every task and what it returns: one typed model each, shared by the code
+that sends a task and the code that runs it (task names and queues: tasks/contract.py)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .models import Optimizer, get_model
+from .schemas import (
+    PAPER_BATCH_SIZES,
+    DatasetRef,
+    DeviceTarget,
+    EstimationRequest,
+    JobSpec,
+    LearningRatePolicy,
+    ProfilingOptions,
+    Selection,
+    Strict,
+)
+
+
+class ProfileRequest(Strict):
+    """Profile `model` on device `device_id`: T[b][f] and P[b][f] for its device type."""
+
+    device_id: str
+    model: str
+    batch_sizes: list[int] = Field(min_length=1)
+    options: ProfilingOptions
+    optimizer: Optimizer = Field(description="the optimizer whose step is timed: the model's own")
+    power_cap_w: float | None = Field(None, description="board power cap (W) a staircase profile is made for")
+
+
+def profile_request(
+    device_id: str, model: str, batch_sizes: list[int] | None, options: ProfilingOptions, power_cap_w: float | None
+) -> ProfileRequest:
+    """The one way to ask for a profile, from a job or from `edgetrain profile run`: the step
+    timed is the model's own optimizer step, so every request of a table id measures the same."""
+    return ProfileRequest(
+        device_id=device_id,
+        model=model,
+        batch_sizes=batch_sizes or list(PAPER_BATCH_SIZES),
+        options=options,
+        optimizer=get_model(model).optimizer,
+        power_cap_w=power_cap_w,
+    )
+
+
+def job_profile_request(spec: JobSpec, target: DeviceTarget) -> ProfileRequest:
+    """The profile a job needs from the device of `target`."""
+    return profile_request(target.device_id, spec.model, spec.batch_sizes, spec.profiling, target.power_cap_w)
+
+
+class ProfileResult(Strict):
+    table_id: str
+    points_measured: int
+    simulated: bool
+
+
+class FinetuneRequest(Strict):
+    """Fine-tune on device `device_id` with the selected (batch size, frequency) until the target."""
+
+    job_id: str
+    device_id: str
+    model: str
+    weights: str
+    dataset: DatasetRef
+    target_accuracy: float = Field(gt=0, lt=1)
+    batch_size: int = Field(gt=0)
+    frequency_hz: int = Field(gt=0)
+    lr: LearningRatePolicy
+    eval_every_samples: int = Field(gt=0)
+    max_samples: int = Field(gt=0)
+    seed: int
+
+
+def finetune_request(job_id: str, spec: JobSpec, target: DeviceTarget, selection: Selection) -> FinetuneRequest:
+    """What device `target` fine-tunes for job `job_id` with `selection`."""
+    return FinetuneRequest(
+        job_id=job_id,
+        device_id=target.device_id,
+        model=spec.model,
+        weights=spec.weights,
+        dataset=spec.dataset_for(target),
+        target_accuracy=spec.target_accuracy,
+        batch_size=selection.batch_size,
+        frequency_hz=selection.frequency_hz,
+        lr=spec.lr,
+        eval_every_samples=spec.eval_every_samples,
+        max_samples=spec.max_samples,
+        seed=spec.seeds[0],
+    )
+
+
+class EstimateResult(Strict):
+    vector_key: str
+    cached: bool
+    runs_dispatched: int
+
+
+class ProxyRunRequest(Strict):
+    """One proxy training run of an estimation: one batch size, one seed."""
+
+    request: EstimationRequest
+    batch_size: int = Field(gt=0)
+    seed: int
+
+
+class PretrainRequest(Strict):
+    """Pre-train `model` from `init:<seed>` on `dataset` for `samples` samples on the server pool."""
+
+    model: str
+    dataset: DatasetRef
+    samples: int = Field(gt=0)
+    batch_size: int = Field(128, gt=0)
+    lr: LearningRatePolicy = Field(default_factory=LearningRatePolicy)
+    seed: int = 0
+
+
+class PretrainResult(Strict):
+    weights: str = Field(description="artifact URL of the weights, for a job's `weights`")
+    test_accuracy: float

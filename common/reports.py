@@ -1,0 +1,60 @@
+"""Typed reports: what a job achieved per device, as the client and the CLI return it."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .jobs import FinetuneProgress, JobEvent, JobState, JobStatus, PartState
+from .schemas import JobSpec, RunReport, Selection, Strict
+
+
+class DeviceReport(Strict):
+    """One device's part of a job: the choice, Baseline 1 for comparison, what was achieved."""
+
+    device_id: str
+    device_type: str | None
+    simulated: bool | None = Field(description="figures come from a simulated twin")
+    power_cap_w: float | None
+    state: PartState
+    reason: str | None
+    selection: Selection | None
+    estimated_time_to_accuracy_s: float | None = Field(description="eq. (2) with the proxy's N_b (s)")
+    baseline1: Selection | None
+    baseline1_estimated_time_to_accuracy_s: float | None
+    estimated_speedup_vs_baseline1: float | None
+    achieved: RunReport | None
+    progress: FinetuneProgress | None = None
+
+
+class JobReport(Strict):
+    """A job's result per device, with its spec and event log."""
+
+    job_id: str
+    state: JobState
+    spec: JobSpec
+    devices: list[DeviceReport]
+    events: list[JobEvent]
+
+    @classmethod
+    def from_status(cls, status: JobStatus) -> "JobReport":
+        devices = []
+        for part in status.parts.values():
+            ours, base = part.estimated_time_to_accuracy_s, part.baseline1_estimated_time_to_accuracy_s
+            devices.append(
+                DeviceReport(
+                    device_id=part.device_id,
+                    device_type=part.device_type,
+                    simulated=part.simulated,
+                    power_cap_w=part.power_cap_w,
+                    state=part.state,
+                    reason=part.reason,
+                    selection=part.selection,
+                    estimated_time_to_accuracy_s=ours,
+                    baseline1=part.baseline1,
+                    baseline1_estimated_time_to_accuracy_s=base,
+                    estimated_speedup_vs_baseline1=base / ours if ours and base else None,
+                    achieved=part.report,
+                    progress=status.progress.get(part.device_id),
+                )
+            )
+        return cls(job_id=status.job_id, state=status.state, spec=status.spec, devices=devices, events=status.events)

@@ -1,0 +1,1 @@
+"""Test doubles and builders shipped with edgetrain, for its tests and for users' own."""
