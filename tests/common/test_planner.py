@@ -1,0 +1,139 @@
+"""Every decision of the job planner, without Redis or Celery."""
+
+import random
+from datetime import timedelta
+
+import pytest
+
+from edgetrain.common.jobs import DevicePart, PartState
+from edgetrain.common.keys import table_id, vector_key
+from edgetrain.common.planner import Fail, FineTune, PartView, Prepare, Wait, plan
+from edgetrain.common.presets import quick_job
+from edgetrain.common.schemas import DeviceInfo, JobSpec, RelationVector, utc_now
+from edgetrain.common.selection import lowest_feasible_cap_w
+from edgetrain.common.testing.tables import B, F, brute_force, random_monotone_table
+
+SOFTWARE = {"edgetrain": "1", "torch": "2"}
+
+
+def spec(cap: float | None = 5.0, **changes) -> JobSpec:
+    return JobSpec.model_validate(quick_job([{"device_id": "d1", "power_cap_w": cap}], batch_sizes=B, **changes))
+
+
+def device(**changes) -> DeviceInfo:
+    base = dict(device_id="d1", device_type="twin", backend="sim", frequencies_hz=F, memory_bytes=1, simulated=True, software=SOFTWARE)
+    return DeviceInfo(**(base | changes))
+
+
+def table(seed: int = 0, **changes):
+    t = random_monotone_table(random.Random(seed), time_noise=False)
+    return t.model_copy(update={"device_type": "twin", "model": "smallcnn", "input_shape": [1, 28, 28], "produced_by": SOFTWARE} | changes)
+
+
+def vector(**changes) -> RelationVector:
+    base = dict(batch_sizes=B, ratios=[0.3, 0.4, 0.5, 0.7, 0.8, 1.0], samples_mean=[300.0, 400, 500, 700, 800, 1000])
+    return RelationVector(**(base | changes))
+
+
+def view(job: JobSpec | None = None, state: PartState = PartState.pending, **changes) -> PartView:
+    job = job or spec()
+    target = job.devices[0]
+    part = DevicePart(device_id=target.device_id, power_cap_w=target.power_cap_w, state=state)
+    base = dict(job_id="j1", spec=job, target=target, part=part, device=device(), table=table(), vector=vector())
+    return PartView(**(base | changes))
+
+
+@pytest.mark.parametrize("state", [PartState.completed, PartState.failed, PartState.finetuning])
+def test_a_final_or_running_part_waits(state) -> None:
+    assert isinstance(plan(view(state=state)), Wait)
+
+
+def test_an_unregistered_device_fails_naming_the_registered_ones() -> None:
+    decision = plan(view(device=None, registered=("a", "b")))
+    assert decision == Fail("unknown device 'd1': not registered in the fleet (registered: ['a', 'b'])")
+
+
+def test_missing_table_and_vector_profile_and_estimate_together() -> None:
+    job = spec()
+    decision = plan(view(job, table=None, vector=None))
+    assert isinstance(decision, Prepare) and decision.state == PartState.profiling
+    assert decision.table_id == table_id("twin", "smallcnn", [1, 28, 28])
+    assert decision.vector_key == vector_key(job.estimation_request())
+    assert decision.estimate == job.estimation_request()
+    request = decision.profile
+    assert (request.device_id, request.model, request.batch_sizes, request.power_cap_w) == ("d1", "smallcnn", B, 5.0)
+    assert request.options == job.profiling and request.optimizer == "adam"
+    assert decision.stale is None
+
+
+def test_a_table_without_a_vector_estimates_only() -> None:
+    decision = plan(view(vector=None))
+    assert isinstance(decision, Prepare) and decision.state == PartState.estimating
+    assert decision.profile is None and decision.estimate is not None
+
+
+def test_a_vector_without_a_table_profiles_only() -> None:
+    decision = plan(view(table=None))
+    assert isinstance(decision, Prepare) and decision.state == PartState.profiling
+    assert decision.profile is not None and decision.estimate is None
+
+
+@pytest.mark.parametrize(
+    "stale_table, changes, words",
+    [
+        (table(produced_by={"edgetrain": "1", "torch": "1.10"}), {}, "made by other software"),
+        (table(mode="staircase", power_cap_w=4.0), {}, "staircase table for cap 4.0 W, not 5.0 W"),
+        (table(), {"not_before": utc_now() + timedelta(seconds=5)}, "force"),
+    ],
+)
+def test_a_stale_table_is_profiled_again_with_the_reason(stale_table, changes, words) -> None:
+    decision = plan(view(table=stale_table, **changes))
+    assert isinstance(decision, Prepare) and decision.profile is not None and words in decision.stale
+
+
+def test_a_failed_table_or_vector_fails_the_part_with_its_reason() -> None:
+    assert plan(view(table=None, table_failure="profiling on d1 failed: boom")) == Fail("profiling on d1 failed: boom")
+    assert plan(view(vector=None, vector_failure="estimation failed")) == Fail("estimation failed")
+    # a failure is not read while the resource exists
+    assert isinstance(plan(view(table_failure="old", vector_failure="old")), FineTune)
+
+
+@pytest.mark.parametrize("cap", [None, 3.0, 5.0, 8.0])
+def test_both_present_fine_tunes_with_the_equation4_argmin(cap) -> None:
+    job = spec(cap)
+    decision = plan(view(job))
+    assert isinstance(decision, FineTune)
+    objective, b, f = brute_force(table(), vector(), cap)
+    assert (decision.selection.batch_size, decision.selection.frequency_hz) == (b, f)
+    assert decision.selection.estimated_time_s == pytest.approx(objective)
+    t = table()
+    assert decision.estimated_time_to_accuracy_s == pytest.approx(t.time_s[B.index(b)][F.index(f)] * vector().samples_for(b) / t.samples)
+    request = decision.request
+    assert (request.job_id, request.device_id, request.batch_size, request.frequency_hz) == ("j1", "d1", b, f)
+    assert (request.model, request.weights, request.dataset, request.seed) == (job.model, job.weights, job.dataset, job.seeds[0])
+    assert decision.baseline1.batch_size == 128 and decision.baseline1_problem is None
+
+
+def test_a_device_dataset_overrides_the_jobs() -> None:
+    job = JobSpec.model_validate(quick_job([{"device_id": "d1", "power_cap_w": 5.0, "dataset": {"name": "digits"}}]))
+    decision = plan(view(job))
+    assert isinstance(decision, FineTune) and decision.request.dataset.name == "digits"
+
+
+def test_a_cap_below_every_configuration_fails_naming_the_lowest_that_works() -> None:
+    lowest = lowest_feasible_cap_w(table(), vector())
+    decision = plan(view(spec(lowest - 0.01)))
+    assert isinstance(decision, Fail) and f"the lowest cap that would work is {lowest:.2f} W" in decision.reason
+
+
+def test_nothing_to_select_fails() -> None:
+    decision = plan(view(vector=vector(ratios=[None] * len(B))))
+    assert isinstance(decision, Fail) and "no batch size is both in the lookup table" in decision.reason
+
+
+def test_baseline1_without_a_configuration_does_not_stop_the_fine_tune() -> None:
+    low_cap = sorted(p for row in table().peak_power_w for p in row)[0] + 0.01  # only the smallest point fits
+    envelope = [1e3] * len(F)  # a model-agnostic envelope no frequency of which fits the cap
+    decision = plan(view(spec(low_cap), device=device(power_envelope_w=envelope)))
+    assert isinstance(decision, FineTune) and decision.baseline1 is None
+    assert "below what any configuration needs" in decision.baseline1_problem
