@@ -54,7 +54,7 @@ EVAL_EVERY_SAMPLES = 512  # the job spec's default: N_b resolution
 MAX_SAMPLES = 16384
 PROXY_DATASET, PROXY_TARGET, PROXY_EVAL_EVERY = "digits", 0.90, 64  # smallcnn's relation vector
 STORED_VECTORS = Path(__file__).parent / "results" / "relation_vectors.json"
-PAPER_NANO_RESNET18_S = (4032, 9292)  # METHOD.md: the paper's ResNet18 times to accuracy on the Nano ("Ours")
+PAPER_NANO_RESNET18_S = (4032, 9292)  # docs/method.md: the paper's ResNet18 times to accuracy on the Nano ("Ours")
 
 
 class CostMeter:

@@ -1,4 +1,4 @@
-"""Relation vector estimation (METHOD.md part 2): train on the proxy dataset with every
+"""Relation vector estimation (docs/method.md, part 2): train on the proxy dataset with every
 batch size (and seed) to the target accuracy, and r_b = N_b / N_{b_max}."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Device profiling (METHOD.md part 1): time T[b][f] for N_s samples and peak power P[b][f].
+"""Device profiling (docs/method.md, part 1): time T[b][f] for N_s samples and peak power P[b][f].
 
 The data content does not matter, only its shape, so profiling trains on random inputs.
 Peak power is stored non-decreasing in f (each point raised to the highest power measured
