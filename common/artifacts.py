@@ -22,15 +22,18 @@ class ArtifactError(RuntimeError):
     """An artifact is missing, unreadable or does not match its hash."""
 
 
-def put_bytes(data: bytes, name: str, folder: Path) -> str:
-    """Store `data` under `folder` (atomically) and return its reference URL."""
-    digest = hashlib.sha256(data).hexdigest()
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}-{digest[:12]}.pt"
+def put_file(data: bytes, path: Path) -> str:
+    """Write `data` to `path` atomically (replacing what was there); returns its reference URL."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-    return f"{path.resolve().as_uri()}#sha256={digest}"
+    return f"{path.resolve().as_uri()}#sha256={hashlib.sha256(data).hexdigest()}"
+
+
+def put_bytes(data: bytes, name: str, folder: Path) -> str:
+    """Store `data` under `folder` named by its content hash; returns its reference URL."""
+    return put_file(data, folder / f"{name}-{hashlib.sha256(data).hexdigest()[:12]}.pt")
 
 
 def get_bytes(url: str) -> bytes:

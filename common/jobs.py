@@ -38,6 +38,7 @@ class DevicePart(Strict):
     estimated_time_to_accuracy_s: float | None = None
     baseline1_estimated_time_to_accuracy_s: float | None = None
     report: RunReport | None = None
+    waiting: str | None = Field(None, description="what the part waits for, when it waits on something unusual")
     updated_at: datetime = Field(default_factory=utc_now)
 
 
@@ -67,6 +68,9 @@ class EventKind(str, Enum):
     profiling = "profiling"  # profiling dispatched to a device
     estimating = "estimating"  # relation-vector estimation dispatched to the server pool
     selected = "selected"  # (b, f) selected, fine-tuning dispatched
+    attempt_lost = "attempt_lost"  # the process running a task stopped; the task was handed on
+    resumed = "resumed"  # a fine-tune continued from its checkpoint
+    device_missing = "device_missing"  # a device stopped heartbeating while a part needs it
     baseline1_unavailable = "baseline1_unavailable"
     completed = "completed"
     failed = "failed"
@@ -97,6 +101,26 @@ class FinetuneProgress(Strict):
     target_accuracy: float
     max_samples: int
     updated_at: datetime = Field(default_factory=utc_now)
+
+
+class CheckpointRef(Strict):
+    """Where a running fine-tune saved its state, and how far it had got."""
+
+    url: str = Field(description="artifact URL of the checkpoint (on the device's worker host)")
+    samples: int
+    steps: int
+    device_time_s: float
+    energy_j: float
+    saved_at: datetime = Field(default_factory=utc_now)
+
+
+class AttemptLog(Strict):
+    """A fine-tune's attempts: how many started, and the device time and energy lost with the
+    ones that died (work done after their last checkpoint)."""
+
+    attempts: int = 0
+    lost_device_time_s: float = 0.0
+    lost_energy_j: float = 0.0
 
 
 class JobStatus(Strict):

@@ -2,6 +2,13 @@
 
     <p>:fleet:ids                          set of device ids
     <p>:fleet:device:<id>                  DeviceInfo JSON, expires without heartbeat
+    <p>:fleet:seen                         zset device id -> last heartbeat (Redis time, s)
+    <p>:fleet:owner:<id>                   the worker instance serving a device id (expires)
+    <p>:fleet:jobs:<id>                    set of jobs with an unfinished part on the device
+    <p>:workers                            zset worker node -> last heartbeat (Redis time, s)
+    <p>:worker:<node>                      WorkerInfo JSON: role, queues, host, pid
+    <p>:leases                             zset task id -> last renewal (Redis time, s)
+    <p>:lease:<task id>                    Lease JSON: which task runs where, for whom
     <p>:table:<type>:<model>:<shape>       ProfileTable JSON
     <p>:vector:<key>                       RelationVector JSON
     <p>:vector-parts:<key>                 hash "<b>:<seed>" -> TrainingOutcome JSON
@@ -15,6 +22,8 @@
     <p>:job:<id>:part:<device>             DevicePart JSON
     <p>:job:<id>:progress:<device>         FinetuneProgress JSON
     <p>:job:<id>:events                    list of JobEvent JSON
+    <p>:job:<id>:checkpoint:<device>       CheckpointRef JSON: the fine-tune's last checkpoint
+    <p>:job:<id>:attempts:<device>         AttemptLog JSON: lost attempts of the fine-tune
     <p>:lock:job:<id>                      the lock held while a job advances
 
 A resource is a table (`table:<table id>`) or a relation vector (`vector:<key>`). The prefix
@@ -70,6 +79,27 @@ class Keys:
     def device(self, device_id: str) -> str:
         return f"{self.prefix}:fleet:device:{device_id}"
 
+    def fleet_seen(self) -> str:
+        return f"{self.prefix}:fleet:seen"
+
+    def device_owner(self, device_id: str) -> str:
+        return f"{self.prefix}:fleet:owner:{device_id}"
+
+    def device_jobs(self, device_id: str) -> str:
+        return f"{self.prefix}:fleet:jobs:{device_id}"
+
+    def workers(self) -> str:
+        return f"{self.prefix}:workers"
+
+    def worker(self, node: str) -> str:
+        return f"{self.prefix}:worker:{node}"
+
+    def leases(self) -> str:
+        return f"{self.prefix}:leases"
+
+    def lease(self, task_id: str) -> str:
+        return f"{self.prefix}:lease:{task_id}"
+
     def table(self, tid: str) -> str:
         return f"{self.prefix}:table:{tid}"
 
@@ -112,6 +142,12 @@ class Keys:
 
     def events(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}:events"
+
+    def checkpoint(self, job_id: str, device_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}:checkpoint:{device_id}"
+
+    def attempt_log(self, job_id: str, device_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}:attempts:{device_id}"
 
     def job_lock(self, job_id: str) -> str:
         return f"{self.prefix}:lock:job:{job_id}"

@@ -3,12 +3,13 @@ that sends a task and the code that runs it (task names and queues: tasks/contra
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .models import Optimizer, get_model
 from .schemas import (
     PAPER_BATCH_SIZES,
     DatasetRef,
+    DeviceInfo,
     DeviceTarget,
     EstimationRequest,
     JobSpec,
@@ -16,27 +17,39 @@ from .schemas import (
     ProfilingOptions,
     Selection,
     Strict,
+    checked_batch_sizes,
 )
 
 
 class ProfileRequest(Strict):
-    """Profile `model` on device `device_id`: T[b][f] and P[b][f] for its device type."""
+    """Profile `model` on device `device_id`: T[b][f] and P[b][f] for its device type.
+
+    `owner` holds the claim on the table when the request is sent; a request whose owner no
+    longer holds it (the claim was released after its worker was lost) is stale and skipped."""
 
     device_id: str
+    device_type: str
+    owner: str = Field(description="who claimed the table's production: a job id, or the command that asked")
     model: str
     batch_sizes: list[int] = Field(min_length=1)
     options: ProfilingOptions
+
+    _batch_sizes = field_validator("batch_sizes")(lambda cls, value: checked_batch_sizes(value))
     optimizer: Optimizer = Field(description="the optimizer whose step is timed: the model's own")
-    power_cap_w: float | None = Field(None, description="board power cap (W) a staircase profile is made for")
+    power_cap_w: float | None = Field(None, gt=0, description="board power cap (W) a staircase profile is made for")
+    merge: bool = Field(False, description="add the rows to the stored table instead of replacing it")
 
 
 def profile_request(
-    device_id: str, model: str, batch_sizes: list[int] | None, options: ProfilingOptions, power_cap_w: float | None
+    device: DeviceInfo, owner: str, model: str, batch_sizes: list[int] | None, options: ProfilingOptions,
+    power_cap_w: float | None,
 ) -> ProfileRequest:
     """The one way to ask for a profile, from a job or from `edgetrain profile run`: the step
     timed is the model's own optimizer step, so every request of a table id measures the same."""
     return ProfileRequest(
-        device_id=device_id,
+        device_id=device.device_id,
+        device_type=device.device_type,
+        owner=owner,
         model=model,
         batch_sizes=batch_sizes or list(PAPER_BATCH_SIZES),
         options=options,
@@ -45,9 +58,9 @@ def profile_request(
     )
 
 
-def job_profile_request(spec: JobSpec, target: DeviceTarget) -> ProfileRequest:
-    """The profile a job needs from the device of `target`."""
-    return profile_request(target.device_id, spec.model, spec.batch_sizes, spec.profiling, target.power_cap_w)
+def job_profile_request(job_id: str, spec: JobSpec, target: DeviceTarget, device: DeviceInfo) -> ProfileRequest:
+    """The profile job `job_id` needs from `device`, the device of `target`."""
+    return profile_request(device, job_id, spec.model, spec.batch_sizes, spec.profiling, target.power_cap_w)
 
 
 class ProfileResult(Strict):

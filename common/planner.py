@@ -12,12 +12,19 @@ A part's states and their transitions:
     finetuning -> completed | failed                 set by the `finetune` task
     completed, failed                                final
 
+A device that stops heartbeating (after it was seen) does not fail its parts at once: they
+wait `spec.device_grace_s` seconds after the fleet gives it up (its heartbeat TTL) for it to come
+back, then fail with the time it was last heard from.
+
 The decisions:
-- `Wait`: nothing to do now (the part is final, or a task owns it).
-- `Fail`: the part cannot go on, with the reason (unknown device, a table or vector that
-  failed, a cap no configuration meets, nothing to select).
-- `Prepare`: the table (`profile`) and/or the relation vector (`estimate`) are missing; the
-  part waits in `state` until they are produced.
+- `Wait`: nothing to do now (the part is final, a task owns it, or its device is missing and
+  within the grace period: `notice` says so, for `status`).
+- `Fail`: the part cannot go on, with the reason (unknown device, a device gone past its grace
+  period, a table or vector that failed for this job, a cap no configuration meets, nothing to
+  select).
+- `Prepare`: the table (`profile`) and/or the relation vector (`estimate`) are missing, or the
+  table lacks rows for some of the job's batch sizes (profiled and merged into it); the part
+  waits in `state` until they are produced.
 - `FineTune`: both exist: the selection of equation (4), Baseline 1 for comparison, and the
   fine-tuning request for the device.
 """
@@ -25,7 +32,7 @@ The decisions:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from .jobs import TERMINAL, DevicePart, PartState
 from .keys import table_id, vector_key
@@ -33,17 +40,19 @@ from .models import get_model
 from .payloads import FinetuneRequest, ProfileRequest, finetune_request, job_profile_request
 from .schemas import DeviceInfo, DeviceTarget, EstimationRequest, JobSpec, ProfileTable, RelationVector, Selection
 from .selection import Baseline1, Equation4, SelectionError, estimated_time_to_accuracy_s
-from .tables import reuse_problem
+from .tables import missing_batch_sizes, reuse_problem
 
 
 @dataclass(frozen=True)
 class PartView:
     """What the planner sees of one device's part of a job, read from the store.
 
-    `device` is None when the device has no live heartbeat in the fleet (`registered` then
-    lists the devices that do); `table` and `vector` are None when not stored, and their
-    `*_failure` say why producing them failed; `not_before` is set when the job forces a new
-    profile (tables older than it are not reused)."""
+    `device` is None when the device has no live heartbeat in the fleet (`last_seen` is its
+    last heartbeat, if it ever had one, and the fleet gives a device up `heartbeat_ttl_s` after
+    it; `registered` lists the devices that are live);
+    `table` and `vector` are None when not stored, and their `*_failure` say why producing
+    them failed for this job; `not_before` is set when the job forces a new profile (tables
+    older than it are not reused); `now` is the time of the decision."""
 
     job_id: str
     spec: JobSpec
@@ -56,13 +65,17 @@ class PartView:
     vector_failure: str | None = None
     not_before: datetime | None = None
     registered: tuple[str, ...] = ()
+    last_seen: datetime | None = None
+    heartbeat_ttl_s: float = 0.0
+    now: datetime | None = None
 
 
 @dataclass(frozen=True)
 class Wait:
-    """Nothing to do now."""
+    """Nothing to do now; `notice` tells the user what the part waits for, when unusual."""
 
     reason: str
+    notice: str | None = None
 
 
 @dataclass(frozen=True)
@@ -109,16 +122,19 @@ def resource_ids(spec: JobSpec, device_type: str) -> tuple[str, str]:
 def plan(view: PartView) -> Decision:
     """The next step of one device's part of a job (see the module docstring)."""
     part, target, spec = view.part, view.target, view.spec
-    if part.state in TERMINAL or part.state == PartState.finetuning:
+    if part.state in TERMINAL:
         return Wait(f"part is {part.state.value}")
     device = view.device
     if device is None:
-        return Fail(f"unknown device {target.device_id!r}: not registered in the fleet (registered: {list(view.registered)})")
+        return _missing_device(view)
+    if part.state == PartState.finetuning:
+        return Wait("fine-tuning")
     tid, vkey = resource_ids(spec, device.device_type)
-    table, stale = view.table, None
+    table, stale, missing = view.table, None, None
     if table is not None:
         stale = reuse_problem(table, device, target.power_cap_w, view.not_before)
-        table = None if stale else table
+        missing = None if stale else missing_batch_sizes(table, spec.batch_sizes)
+        table = None if stale or missing else table
     if table is None and view.table_failure:
         return Fail(view.table_failure)
     if view.vector is None and view.vector_failure:
@@ -129,11 +145,35 @@ def plan(view: PartView) -> Decision:
             device=device,
             table_id=tid,
             vector_key=vkey,
-            profile=job_profile_request(spec, target) if table is None else None,
+            profile=_profile(view, device, missing) if table is None else None,
             estimate=spec.estimation_request() if view.vector is None else None,
             stale=stale,
         )
     return _fine_tune(view, device, table, view.vector)
+
+
+def _missing_device(view: PartView) -> Decision:
+    device_id, seen = view.target.device_id, view.last_seen
+    if seen is None:
+        return Fail(f"unknown device {device_id!r}: not registered in the fleet (registered: {list(view.registered)})")
+    assert view.now is not None, "a view of a missing device says when it was made"
+    deadline = seen + timedelta(seconds=view.heartbeat_ttl_s + view.spec.device_grace_s)
+    if view.now >= deadline:
+        return Fail(
+            f"device {device_id!r} disappeared at {seen:%Y-%m-%d %H:%M:%S} UTC (its last heartbeat; "
+            f"it did not come back within the job's grace period of {view.spec.device_grace_s:g} s)"
+        )
+    return Wait(
+        "device missing",
+        notice=f"device {device_id!r} has not been heard from since {seen:%H:%M:%S} UTC; "
+        f"the part fails at {deadline:%H:%M:%S} UTC unless it comes back",
+    )
+
+
+def _profile(view: PartView, device: DeviceInfo, missing: list[int] | None) -> ProfileRequest:
+    """The whole table, or only the missing rows, to be merged into the stored table."""
+    request = job_profile_request(view.job_id, view.spec, view.target, device)
+    return request.model_copy(update={"batch_sizes": missing, "merge": True}) if missing else request
 
 
 def _fine_tune(view: PartView, device: DeviceInfo, table: ProfileTable, vector: RelationVector) -> Decision:

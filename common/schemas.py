@@ -13,16 +13,31 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 PAPER_BATCH_SIZES = [4, 8, 16, 32, 64, 128]
+# Bounds on what a spec may ask, so that no request occupies a worker without end.
+MAX_BATCH_SIZE = 4096
+MAX_SEEDS = 16
+MAX_DEVICES = 10_000
+MAX_SAMPLES = 100_000_000
+MAX_MEASURED_BATCHES = 1000
 
 
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class Strict(BaseModel):
-    """Base for records: unknown fields are errors, so a typo is named, not ignored."""
+def checked_batch_sizes(value: list[int]) -> list[int]:
+    """Batch sizes sorted and unique; ValueError unless each is a power of two up to MAX_BATCH_SIZE."""
+    bad = [b for b in value if b < 1 or b & (b - 1) or b > MAX_BATCH_SIZE]
+    if bad:
+        raise ValueError(f"batch sizes must be powers of two from 1 to {MAX_BATCH_SIZE}, got {bad}")
+    return sorted(set(value))
 
-    model_config = ConfigDict(extra="forbid")
+
+class Strict(BaseModel):
+    """Base for records: unknown fields are errors, so a typo is named, not ignored; NaN and
+    infinite numbers are refused everywhere."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- job spec
@@ -40,8 +55,8 @@ class LearningRatePolicy(Strict):
     """lr_b = lr_ref * sqrt(b / b_ref) (square-root scaling for Adam/AdamW)."""
 
     optimizer: Literal["adam", "adamw"] = "adam"
-    lr_ref: float = Field(5e-4, gt=0)
-    b_ref: int = Field(128, gt=0)
+    lr_ref: float = Field(5e-4, gt=0, le=10)
+    b_ref: int = Field(128, gt=0, le=MAX_BATCH_SIZE)
     rule: Literal["sqrt", "linear", "none"] = "sqrt"
 
     def lr_for(self, batch_size: int) -> float:
@@ -59,9 +74,11 @@ class DeviceTarget(Strict):
 
 
 class ProfilingOptions(Strict):
-    samples: int = Field(1024, gt=0, description="N_s: samples the time table is scaled to")
-    warmup_batches: int = Field(1, ge=0)
-    measure_batches: int = Field(3, gt=0)
+    """How a lookup table is measured."""
+
+    samples: int = Field(1024, gt=0, le=10_000_000, description="N_s: samples the time table is scaled to")
+    warmup_batches: int = Field(1, ge=0, le=MAX_MEASURED_BATCHES)
+    measure_batches: int = Field(3, gt=0, le=MAX_MEASURED_BATCHES)
     mode: Literal["grid", "staircase"] = "grid"
     force: bool = Field(False, description="profile again even when a current table exists")
 
@@ -75,21 +92,23 @@ class JobSpec(Strict):
     dataset: DatasetRef
     proxy_dataset: DatasetRef
     target_accuracy: float = Field(gt=0, lt=1)
-    devices: list[DeviceTarget] = Field(min_length=1)
+    devices: list[DeviceTarget] = Field(min_length=1, max_length=MAX_DEVICES)
     batch_sizes: list[int] = Field(default_factory=lambda: list(PAPER_BATCH_SIZES), min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=MAX_SEEDS)
     lr: LearningRatePolicy = Field(default_factory=LearningRatePolicy)
-    eval_every_samples: int = Field(512, gt=0, description="accuracy is checked this often")
-    max_samples: int = Field(200_000, gt=0, description="budget; a run that has not reached the target by then is censored")
+    eval_every_samples: int = Field(512, gt=0, le=MAX_SAMPLES, description="accuracy is checked this often")
+    max_samples: int = Field(
+        200_000, gt=0, le=MAX_SAMPLES, description="budget; a run that has not reached the target by then is censored"
+    )
     profiling: ProfilingOptions = Field(default_factory=ProfilingOptions)
+    device_grace_s: float = Field(
+        120.0, ge=0, le=7 * 24 * 3600, description="how long a part waits for a device that stopped heartbeating before it fails (s)"
+    )
 
     @field_validator("batch_sizes")
     @classmethod
     def _powers_of_two(cls, value: list[int]) -> list[int]:
-        bad = [b for b in value if b < 1 or b & (b - 1)]
-        if bad:
-            raise ValueError(f"batch sizes must be powers of two (1, 2, 4, ...), got {bad}")
-        return sorted(set(value))
+        return checked_batch_sizes(value)
 
     @field_validator("seeds")
     @classmethod
@@ -97,11 +116,13 @@ class JobSpec(Strict):
         return sorted(set(value))
 
     @model_validator(mode="after")
-    def _unique_devices(self) -> "JobSpec":
+    def _consistent(self) -> "JobSpec":
         ids = [d.device_id for d in self.devices]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise ValueError(f"devices: each device_id may appear once, repeated: {dupes}")
+        if self.eval_every_samples > self.max_samples:
+            raise ValueError(f"eval_every_samples={self.eval_every_samples} is more than max_samples={self.max_samples}")
         return self
 
     def dataset_for(self, target: DeviceTarget) -> DatasetRef:
@@ -129,10 +150,12 @@ class EstimationRequest(Strict):
     proxy_dataset: DatasetRef
     target_accuracy: float = Field(gt=0, lt=1)
     batch_sizes: list[int] = Field(min_length=1)
-    seeds: list[int] = Field(min_length=1)
+    seeds: list[int] = Field(min_length=1, max_length=MAX_SEEDS)
     lr: LearningRatePolicy
-    eval_every_samples: int = Field(gt=0)
-    max_samples: int = Field(gt=0)
+    eval_every_samples: int = Field(gt=0, le=MAX_SAMPLES)
+    max_samples: int = Field(gt=0, le=MAX_SAMPLES)
+
+    _batch_sizes = field_validator("batch_sizes")(lambda cls, value: checked_batch_sizes(value))
 
 
 # --------------------------------------------------------------------------- fleet
@@ -199,6 +222,10 @@ class ProfileTable(Strict):
             raise ValueError("frequencies_hz must be strictly increasing")
         if sorted(set(self.batch_sizes)) != self.batch_sizes:
             raise ValueError("batch_sizes must be strictly increasing")
+        for name, low in (("time_s", "positive"), ("peak_power_w", "non-negative"), ("energy_j", "non-negative")):
+            values = [v for row in getattr(self, name) or [] for v in row if v is not None]
+            if any(v <= 0 if low == "positive" else v < 0 for v in values):
+                raise ValueError(f"{name}: every measured value must be {low}")
         return self
 
 
@@ -219,6 +246,10 @@ class RelationVector(Strict):
     def _shapes(self) -> "RelationVector":
         if len(self.ratios) != len(self.batch_sizes):
             raise ValueError("ratios must have one value per batch size")
+        if any(r is not None and r <= 0 for r in self.ratios):
+            raise ValueError("ratios: every ratio must be positive (None for a censored batch size)")
+        if any(n is not None and n < 0 for n in self.samples_mean or []):
+            raise ValueError("samples_mean: N_b cannot be negative")
         return self
 
     def ratio(self, batch_size: int) -> float | None:
@@ -274,3 +305,6 @@ class RunReport(Strict):
     energy_j: float
     peak_power_w: float
     wall_s: float = Field(description="wall-clock time of the task on the worker host")
+    attempts: int = Field(1, description="how many times the fine-tune started (> 1: its worker died and it resumed)")
+    lost_device_time_s: float = Field(0.0, description="device time of the work lost with dead attempts (s)")
+    lost_energy_j: float = Field(0.0, description="energy of the work lost with dead attempts (J)")

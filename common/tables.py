@@ -23,3 +23,54 @@ def reuse_problem(
     if not_before is not None and table.created_at < not_before:
         return "the job asks to profile again (force)"
     return None
+
+
+def missing_batch_sizes(table: ProfileTable, batch_sizes: list[int]) -> list[int]:
+    """The batch sizes a job needs that the table has no row for."""
+    return [b for b in batch_sizes if b not in table.batch_sizes]
+
+
+def fitting_rows(table: ProfileTable) -> list[int]:
+    """The table's batch sizes that fit in memory (b <= b_mem)."""
+    return [b for b in table.batch_sizes if table.max_batch_size is not None and b <= table.max_batch_size]
+
+
+def merge(old: ProfileTable, new: ProfileTable) -> ProfileTable:
+    """`old` with the rows of `new` added (a row of `new` replaces the same row of `old`).
+
+    ValueError when they were not measured alike (frequencies, N_s, mode and cap, software):
+    such rows cannot be compared, and `new` alone is stored instead."""
+    alike = ("frequencies_hz", "samples", "mode", "power_cap_w", "produced_by", "device_type", "model", "input_shape")
+    differ = [f for f in alike if getattr(old, f) != getattr(new, f)]
+    if differ:
+        raise ValueError(f"tables measured differently ({', '.join(differ)}): not merged")
+    rows = {b: (old, old.batch_sizes.index(b)) for b in old.batch_sizes}
+    rows |= {b: (new, new.batch_sizes.index(b)) for b in new.batch_sizes}
+    sizes = sorted(rows)
+    fits = set(fitting_rows(old)) - set(new.batch_sizes) | set(fitting_rows(new))
+
+    def column(name: str) -> list[list[float | None]] | None:
+        if getattr(old, name) is None or getattr(new, name) is None:
+            return None
+        return [list(getattr(rows[b][0], name)[rows[b][1]]) for b in sizes]
+
+    return new.model_copy(
+        update={
+            "batch_sizes": sizes,
+            "time_s": column("time_s"),
+            "peak_power_w": column("peak_power_w"),
+            "energy_j": column("energy_j"),
+            "max_batch_size": max(fits) if fits else None,
+            "points_measured": (old.points_measured or 0) + (new.points_measured or 0),
+        }
+    )
+
+
+def storable_problem(table: ProfileTable) -> str | None:
+    """Why a freshly profiled table must not be stored (it would replace a good one with
+    nothing), or None."""
+    if table.max_batch_size is None:
+        return f"no batch size of {table.batch_sizes} fits in the memory of the {table.device_type}"
+    if table.measured_points() == 0:
+        return "no (batch size, frequency) point was measured"
+    return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +85,28 @@ class Trainer:
         self.samples += len(idx)
         self.steps += 1
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue training exactly here: weights, optimizer state,
+        counters and the position in the seeded stream of mini-batches."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self._generator.get_state(),
+            "order": self._order,
+            "cursor": self._cursor,
+            "samples": self.samples,
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a `state_dict()` of a trainer built the same way."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._generator.set_state(state["generator"])
+        self._order, self._cursor = state["order"], state["cursor"]
+        self.samples, self.steps, self.batch_size = state["samples"], state["steps"], state["batch_size"]
+
     @torch.no_grad()
     def evaluate(self) -> float:
         """Accuracy on the test split (fraction; per character for sequence targets)."""
@@ -131,15 +153,18 @@ def train_to_accuracy(
     seed: int,
     device: Device | None = None,
     on_evaluation: Progress | None = None,
+    totals: DeviceTotals | None = None,
 ) -> tuple[TrainingOutcome, DeviceTotals]:
     """Train until the test accuracy reaches the target or `max_samples` are processed.
 
     N_b is the sample count at the first evaluation at or above the target, so its
-    resolution is `eval_every_samples`. Steps run through `device` when one is given.
+    resolution is `eval_every_samples`. Steps run through `device` when one is given. A
+    run resumed from a checkpoint (taken at an evaluation) passes the trainer restored to
+    that point and the totals saved with it.
     """
     started = time.perf_counter()
-    totals = DeviceTotals()
-    next_eval = eval_every_samples
+    totals = totals or DeviceTotals()
+    next_eval = trainer.samples + eval_every_samples
     accuracy, reached = 0.0, False
     while trainer.samples < max_samples:
         if device is None:

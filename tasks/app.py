@@ -10,7 +10,7 @@ from celery import Celery
 
 from edgetrain.common.settings import Settings
 
-from .contract import CONTROL_QUEUE, FIXED_ROUTES
+from .contract import CONTROL_QUEUE, FIXED_ROUTES, TaskName
 
 TASK_MODULES = ("edgetrain.tasks.workflow", "edgetrain.tasks.server", "edgetrain.tasks.device")
 
@@ -44,7 +44,26 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_send_sent_event": True,
         "task_default_queue": CONTROL_QUEUE,
         "task_routes": {task.value: {"queue": queue} for task, queue in FIXED_ROUTES.items()},
+        "task_annotations": time_limits(settings),
     }
+
+
+def time_limits(settings: Settings) -> dict[str, dict[str, int]]:
+    """Hard and soft time limits (s) per task kind: the soft one raises inside the task, so it
+    fails with the reason; the hard one ends its pool process."""
+
+    def limits(hard_s: int) -> dict[str, int]:
+        return {"time_limit": hard_s, "soft_time_limit": max(1, hard_s - min(60, hard_s // 10))}
+
+    kinds = {
+        TaskName.advance_job: settings.control_time_limit_s,
+        TaskName.estimate_relation_vector: settings.control_time_limit_s,
+        TaskName.profile_device: settings.profile_time_limit_s,
+        TaskName.finetune: settings.training_time_limit_s,
+        TaskName.train_proxy: settings.training_time_limit_s,
+        TaskName.pretrain: settings.training_time_limit_s,
+    }
+    return {task.value: limits(hard_s) for task, hard_s in kinds.items()}
 
 
 def configure(settings: Settings, task_modules: tuple[str, ...] = TASK_MODULES) -> Celery:

@@ -116,8 +116,8 @@ class EdgeTrainClient:
         send(self.app, TaskName.estimate_relation_vector, req)
 
         def ready() -> RelationVector | None:
-            if reason := self.store.coordination.failure(vector_resource(key)):
-                raise RuntimeError(reason)
+            if failure := self.store.coordination.failure(vector_resource(key)):
+                raise RuntimeError(failure.reason)
             return self.store.resources.vector(key)
 
         return poll_until(ready, timeout_s, 0.5, f"relation vector {key}")

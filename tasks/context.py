@@ -33,7 +33,7 @@ def init(settings: Settings, task_modules: tuple[str, ...] | None = None) -> Sto
     """Configure this process (the Celery app and the store) from `settings`."""
     global _process
     configure(settings, task_modules or TASK_MODULES)
-    _process = _Process(settings, Store.connect(settings.redis_url, settings.key_prefix))
+    _process = _Process(settings, Store.connect(settings.redis_url, settings.key_prefix, patient=True))
     return _process.store
 
 

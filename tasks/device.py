@@ -1,40 +1,56 @@
 """Tasks that run on one device's queue (`device.<id>`): profiling and fine-tuning.
 
 A task first checks that it reached the worker of the device it names; one that reached
-another worker raises WrongDeviceError and changes nothing."""
+another worker raises WrongDeviceError and changes nothing. Device workers run tasks in a pool
+child, so a model that kills its process does not take the worker down: `on_lost_child`
+(in the worker's main process) fails the part or the table with the reason."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
+from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery import Task
+from celery.exceptions import SoftTimeLimitExceeded
 from celery.utils.log import get_task_logger
 
 from edgetrain.common.artifacts import initial_model
+from edgetrain.common.checkpoints import checkpoint_path, load_checkpoint, save_checkpoint
 from edgetrain.common.datasets.loading import load_dataset
-from edgetrain.common.jobs import EventKind, FinetuneProgress, PartState
+from edgetrain.common.jobs import AttemptLog, CheckpointRef, EventKind, FinetuneProgress, PartState
 from edgetrain.common.keys import table_id, table_resource
 from edgetrain.common.models import get_model
 from edgetrain.common.payloads import FinetuneRequest, ProfileRequest, ProfileResult
 from edgetrain.common.profiling import profile
 from edgetrain.common.schemas import LearningRatePolicy, RunReport
+from edgetrain.common.tables import merge, storable_problem
 from edgetrain.common.training import DeviceTotals, Trainer, make_optimizer, train_to_accuracy
 from edgetrain.common.workload import measure_workload
 
 from .app import app
-from .context import attempts_exceeded, bound_device, store
+from .context import attempts_exceeded, bound_device, bound_device_id, settings, store
 from .contract import TaskFailed, TaskName, send
 from .workflow import fail_resource, notify_waiters
 
 logger = get_task_logger(__name__)
 SPLIT_SEED = 0
+DEVICE_TASK_OPTIONS: dict[str, Any] = {"bind": True, "pydantic": True, "reject_on_worker_lost": False}
 
 
-@app.task(name=TaskName.profile_device.value, bind=True, pydantic=True)
-def profile_device(self: Task, request: ProfileRequest) -> ProfileResult:
+def _table_resource(request: ProfileRequest) -> str:
+    return table_resource(table_id(request.device_type, request.model, get_model(request.model).input_shape))
+
+
+@app.task(name=TaskName.profile_device.value, **DEVICE_TASK_OPTIONS)
+def profile_device(self: Task, request: ProfileRequest) -> ProfileResult | None:
     """Measure T[b][f] and P[b][f] for the model and store the table for the device type."""
     device = bound_device(request.device_id)
-    resource = table_resource(table_id(device.device_type, request.model, get_model(request.model).input_shape))
+    s = store()
+    resource = _table_resource(request)
+    if s.coordination.holder(resource) != request.owner:  # released after a lost attempt, and re-planned
+        logger.info("profile request of %s is stale: %s no longer holds %s", request.device_id, request.owner, resource)
+        return None
     if attempts_exceeded(self.request.id):
         reason = f"profiling on {request.device_id} was interrupted too many times (worker lost)"
         fail_resource(resource, reason)
@@ -45,71 +61,123 @@ def profile_device(self: Task, request: ProfileRequest) -> ProfileResult:
             LearningRatePolicy(optimizer=request.optimizer), request.power_cap_w,
         )  # fmt: skip
     except Exception as exc:
-        fail_resource(resource, f"profiling on {request.device_id} failed: {exc}")
-        raise TaskFailed(f"profiling on {request.device_id} failed: {exc}") from exc
-    s = store()
+        reason = f"profiling on {request.device_id} failed: {_describe(exc)}"
+        fail_resource(resource, reason)
+        raise TaskFailed(reason) from exc
+    if problem := storable_problem(table):  # never store an empty table over a good one
+        reason = f"profiling on {request.device_id}: {problem}"
+        fail_resource(resource, reason)
+        raise TaskFailed(reason)
+    current = s.resources.table(table_id(request.device_type, request.model, get_model(request.model).input_shape))
+    if request.merge and current is not None:
+        try:
+            table = merge(current, table)
+        except ValueError as exc:
+            logger.warning("profile of %s stored alone: %s", request.device_id, exc)
     tid = s.resources.put_table(table)
     s.coordination.release(resource)
     notify_waiters(resource)
     return ProfileResult(table_id=tid, points_measured=table.points_measured or 0, simulated=table.simulated)
 
 
-@app.task(name=TaskName.finetune.value, bind=True, pydantic=True)
+@app.task(name=TaskName.finetune.value, **DEVICE_TASK_OPTIONS)
 def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
-    """Fine-tune with the selected (batch size, frequency) until the target accuracy."""
+    """Fine-tune with the selected (batch size, frequency) until the target accuracy,
+    continuing from the last checkpoint when an earlier attempt died."""
     bound_device(request.device_id)
     s = store()
     job_id, device_id = request.job_id, request.device_id
-    part = s.jobs.part(job_id, device_id)
-    if part.state != PartState.finetuning:  # done already (redelivered) or not selected
-        logger.info("finetune %s/%s skipped: the part is %s", job_id, device_id, part.state.value)
+    if s.jobs.part(job_id, device_id).state != PartState.finetuning:  # done already (redelivered) or not selected
+        logger.info("finetune %s/%s skipped: the part is %s", job_id, device_id, s.jobs.part(job_id, device_id).state.value)
         return None
     try:
         if attempts_exceeded(self.request.id):
             raise RuntimeError("fine-tuning was interrupted too many times (worker lost)")
         report = _finetune(request)
     except Exception as exc:
-        reason = f"fine-tuning failed: {exc}"
-        s.jobs.put_part(job_id, part.model_copy(update={"state": PartState.failed, "reason": reason}))
-        s.jobs.event(job_id, EventKind.failed, f"failed: {reason}", device_id)
-        raise TaskFailed(reason) from exc
-    else:
-        s.jobs.put_part(job_id, part.model_copy(update={"state": PartState.completed, "report": report}))
+        _fail_part(job_id, device_id, f"fine-tuning failed: {_describe(exc)}")
+        raise TaskFailed(f"fine-tuning failed: {_describe(exc)}") from exc
+    changes = {"state": PartState.completed, "report": report, "waiting": None}
+    if s.jobs.update_part(job_id, device_id, changes, PartState.finetuning):
         s.jobs.event(job_id, EventKind.completed, f"completed, accuracy {report.final_accuracy:.3f}", device_id)
-        return report
-    finally:
-        send(app, TaskName.advance_job, job_id)
+    checkpoint_path(settings().artifact_dir, job_id, device_id).unlink(missing_ok=True)
+    send(app, TaskName.advance_job, job_id)
+    return report
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return f"exceeded its time limit ({type(exc).__name__})"
+    return str(exc) or type(exc).__name__
+
+
+def _fail_part(job_id: str, device_id: str, reason: str) -> None:
+    s = store()
+    if s.jobs.update_part(job_id, device_id, {"state": PartState.failed, "reason": reason, "waiting": None}, PartState.finetuning):
+        s.jobs.event(job_id, EventKind.failed, f"failed: {reason}", device_id)
+    send(app, TaskName.advance_job, job_id)
+
+
+def _count_attempt(request: FinetuneRequest) -> AttemptLog:
+    """Count this attempt; a previous one that died lost its work after its last checkpoint
+    (up to its last progress report)."""
+    s = store()
+    log = s.jobs.attempt_log(request.job_id, request.device_id)
+    progress = s.jobs.progress(request.job_id, request.device_id)
+    if log.attempts and progress is not None:
+        checkpoint = s.jobs.checkpoint(request.job_id, request.device_id)
+        kept_s, kept_j = (checkpoint.device_time_s, checkpoint.energy_j) if checkpoint else (0.0, 0.0)
+        log.lost_device_time_s += max(0.0, progress.device_time_s - kept_s)
+        log.lost_energy_j += max(0.0, progress.energy_j - kept_j)
+    log.attempts += 1
+    s.jobs.set_attempt_log(request.job_id, request.device_id, log)
+    return log
 
 
 def _finetune(request: FinetuneRequest) -> RunReport:
     s = store()
-    device = bound_device(request.device_id)
+    job_id, device_id = request.job_id, request.device_id
+    device = bound_device(device_id)
+    log = _count_attempt(request)
     entry = get_model(request.model)
     data = load_dataset(request.dataset, entry, SPLIT_SEED)
     model = initial_model(request.model, request.weights, data.num_classes)
     device.bind_workload(measure_workload(request.model, model, entry.example_input(data.num_classes)))
     b, f = request.batch_size, request.frequency_hz
     trainer = Trainer(model, make_optimizer(model, request.lr, b), b, data.train, data.test, seed=request.seed)
-    started = time.perf_counter()
+    totals = None
+    checkpoint = s.jobs.checkpoint(job_id, device_id)
+    if log.attempts > 1 and checkpoint is not None:
+        totals = load_checkpoint(checkpoint.url, trainer)
+        s.jobs.event(job_id, EventKind.resumed, f"attempt {log.attempts} resumed from the checkpoint at {trainer.samples} samples", device_id)
+    path, every_s = checkpoint_path(settings().artifact_dir, job_id, device_id), settings().checkpoint_every_s
+    started = last_checkpoint = time.perf_counter()
 
-    def progress(samples: int, accuracy: float, totals: DeviceTotals) -> None:
+    def on_evaluation(samples: int, accuracy: float, run: DeviceTotals) -> None:
+        nonlocal last_checkpoint
         s.jobs.set_progress(
-            request.job_id, request.device_id,
+            job_id, device_id,
             FinetuneProgress(
-                samples=samples, accuracy=accuracy, device_time_s=totals.elapsed_s, energy_j=totals.energy_j,
+                samples=samples, accuracy=accuracy, device_time_s=run.elapsed_s, energy_j=run.energy_j,
                 target_accuracy=request.target_accuracy, max_samples=request.max_samples,
             ),
         )  # fmt: skip
+        if time.perf_counter() - last_checkpoint >= every_s:
+            url = save_checkpoint(trainer, run, path)
+            ref = CheckpointRef(url=url, samples=samples, steps=trainer.steps, device_time_s=run.elapsed_s, energy_j=run.energy_j)
+            s.jobs.set_checkpoint(job_id, device_id, ref)
+            last_checkpoint = time.perf_counter()
 
     device.set_frequency(f)
     try:
         outcome, totals = train_to_accuracy(
-            trainer, request.target_accuracy, request.eval_every_samples, request.max_samples, request.seed, device, progress
-        )
+            trainer, request.target_accuracy, request.eval_every_samples, request.max_samples, request.seed, device,
+            on_evaluation, totals,
+        )  # fmt: skip
     finally:
         device.restore()
     return RunReport(
-        device_id=request.device_id,
+        device_id=device_id,
         device_type=device.device_type,
         simulated=device.simulated,
         batch_size=b,
@@ -123,4 +191,29 @@ def _finetune(request: FinetuneRequest) -> RunReport:
         energy_j=totals.energy_j,
         peak_power_w=totals.peak_power_w,
         wall_s=time.perf_counter() - started,
+        attempts=log.attempts,
+        lost_device_time_s=log.lost_device_time_s,
+        lost_energy_j=log.lost_energy_j,
     )
+
+
+def on_lost_child(sender: Task | None = None, task_id: str = "", exception: BaseException | None = None,
+                  args: tuple[Any, ...] = (), **_: Any) -> None:  # fmt: skip
+    """task_failure in a device worker's main process: the pool child running a device task
+    died (a crash, the out-of-memory killer) or hit its hard time limit. The worker lives on;
+    the part or the table fails with what happened, and the device's settings are restored."""
+    if sender is None or not isinstance(exception, (WorkerLostError, TimeLimitExceeded)) or not args:
+        return
+    what = f"exceeded its time limit ({exception})" if isinstance(exception, TimeLimitExceeded) else f"its process died: {exception}"
+    device_id = bound_device_id()
+    if device_id is not None:
+        bound_device(device_id).restore()
+    store().liveness.release(task_id)
+    if sender.name == TaskName.finetune.value:
+        request = FinetuneRequest.model_validate(args[0])
+        _fail_part(request.job_id, request.device_id, f"fine-tuning on {request.device_id} {what}")
+    elif sender.name == TaskName.profile_device.value:
+        request_p = ProfileRequest.model_validate(args[0])
+        resource = _table_resource(request_p)
+        if store().coordination.holder(resource) == request_p.owner:
+            fail_resource(resource, f"profiling on {request_p.device_id} {what}")

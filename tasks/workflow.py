@@ -9,16 +9,18 @@ once-only markers in Redis make repeated or concurrent advances harmless.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from celery.utils.log import get_task_logger
 
 from edgetrain.common.jobs import TERMINAL, DevicePart, EventKind, JobState, PartState, job_state
 from edgetrain.common.keys import table_resource, vector_resource
 from edgetrain.common.planner import Decision, Fail, FineTune, PartView, Prepare, Wait, plan, resource_ids
-from edgetrain.common.schemas import DeviceInfo, DeviceTarget, JobSpec, ProfileTable, RelationVector
-from edgetrain.common.store import Store
+from edgetrain.common.schemas import DeviceTarget, JobSpec, ProfileTable, RelationVector, utc_now
+from edgetrain.common.store import Store, claim_token, token_job
 
 from .app import app
-from .context import store
+from .context import settings, store
 from .contract import TaskName, device_queue, send
 
 logger = get_task_logger(__name__)
@@ -32,16 +34,20 @@ def notify_waiters(resource: str) -> None:
 
 
 def fail_resource(resource: str, reason: str) -> None:
-    """Producing a table or vector failed: record why and wake the jobs waiting for it."""
+    """Producing a table or vector failed: record why for the jobs waiting on this attempt
+    (and the one that claimed it), and wake them. Jobs that come later try again."""
     logger.warning("%s failed: %s", resource, reason)
-    store().coordination.fail(resource, reason)
-    notify_waiters(resource)
+    c = store().coordination
+    holder, waiting = c.holder(resource), c.take_waiters(resource)
+    c.fail(resource, reason, waiting + ([token_job(holder)] if holder else []))
+    for job_id in sorted(set(waiting + c.take_waiters(resource))):
+        send(app, TaskName.advance_job, job_id)
 
 
 class _Reader:
     """Reads what the planner needs, each table and vector once per advance."""
 
-    def __init__(self, s: Store, job_id: str, spec: JobSpec, created_at: object):
+    def __init__(self, s: Store, job_id: str, spec: JobSpec, created_at: datetime):
         self.s, self.job_id, self.spec, self.created_at = s, job_id, spec, created_at
         self._tables: dict[str, ProfileTable | None] = {}
         self._vectors: dict[str, RelationVector | None] = {}
@@ -51,7 +57,11 @@ class _Reader:
         device = s.fleet.device(target.device_id)
         if device is None:
             registered = tuple(d.device_id for d in s.fleet.devices())
-            return PartView(self.job_id, self.spec, target, part, None, registered=registered)
+            seen = s.fleet.last_seen(target.device_id)
+            return PartView(
+                self.job_id, self.spec, target, part, None,
+                registered=registered, last_seen=seen, heartbeat_ttl_s=settings().heartbeat_ttl_s, now=utc_now(),
+            )  # fmt: skip
         tid, vkey = resource_ids(self.spec, device.device_type)
         if tid not in self._tables:
             self._tables[tid] = s.resources.table(tid)
@@ -61,10 +71,15 @@ class _Reader:
             self.job_id, self.spec, target, part, device,
             table=self._tables[tid],
             vector=self._vectors[vkey],
-            table_failure=s.coordination.failure(table_resource(tid)),
-            vector_failure=s.coordination.failure(vector_resource(vkey)),
-            not_before=self.created_at if self.spec.profiling.force else None,  # type: ignore[arg-type]
+            table_failure=self._failure(table_resource(tid)),
+            vector_failure=self._failure(vector_resource(vkey)),
+            not_before=self.created_at if self.spec.profiling.force else None,
+            now=utc_now(),
         )  # fmt: skip
+
+    def _failure(self, resource: str) -> str | None:
+        failure = self.s.coordination.failure(resource)
+        return failure.for_job(self.job_id) if failure else None
 
 
 @app.task(name=TaskName.advance_job.value)
@@ -80,10 +95,14 @@ def advance_job(job_id: str) -> str:
         reader = _Reader(s, job_id, spec, record.created_at)
         ids = [d.device_id for d in spec.devices]
         for target, part in zip(spec.devices, s.jobs.parts(job_id, ids)):
-            if part.state in TERMINAL or part.state == PartState.finetuning:
+            if part.state in TERMINAL:
                 continue
-            view = reader.view(target, part)
-            _apply(job_id, part, view, plan(view))
+            try:
+                view = reader.view(target, part)
+                _apply(job_id, part, view, plan(view))
+            except Exception as exc:  # a bug or a model this worker cannot load: fail the part, say why
+                logger.exception("advancing %s/%s failed", job_id, part.device_id)
+                _apply(job_id, part, None, Fail(f"planning failed: {type(exc).__name__}: {exc}"))
         parts = s.jobs.parts(job_id, ids)
         state = job_state(parts)
         if state not in (JobState.queued, JobState.running) and s.coordination.once(f"finished:{job_id}"):
@@ -91,18 +110,26 @@ def advance_job(job_id: str) -> str:
     return state.value
 
 
-def _apply(job_id: str, part: DevicePart, view: PartView, decision: Decision) -> None:
+def _apply(job_id: str, part: DevicePart, view: PartView | None, decision: Decision) -> None:
+    """Apply the planner's decision for one part (which the planner saw in `part.state`)."""
     s = store()
-    device_id = part.device_id
+    device_id, seen = part.device_id, part.state
     if isinstance(decision, Wait):
+        if decision.notice != part.waiting and s.jobs.update_part(job_id, device_id, {"waiting": decision.notice}, seen):
+            if decision.notice:
+                s.jobs.event(job_id, EventKind.device_missing, decision.notice, device_id)
+                _release_table_claim(job_id, view, part)
         return
     if isinstance(decision, Fail):
-        s.jobs.put_part(job_id, part.model_copy(update={"state": PartState.failed, "reason": decision.reason}))
-        s.jobs.event(job_id, EventKind.failed, f"failed: {decision.reason}", device_id)
+        changes = {"state": PartState.failed, "reason": decision.reason, "waiting": None}
+        if s.jobs.update_part(job_id, device_id, changes, seen):
+            s.jobs.event(job_id, EventKind.failed, f"failed: {decision.reason}", device_id)
         return
-    known = _identify(part, decision.device)
+    identity = {"device_type": decision.device.device_type, "simulated": decision.device.simulated, "waiting": None}
     if isinstance(decision, Prepare):
-        s.jobs.put_part(job_id, known.model_copy(update={"state": decision.state}))
+        assert view is not None
+        if not s.jobs.update_part(job_id, device_id, identity | {"state": decision.state}, seen):
+            return
         if decision.stale and s.coordination.once(f"stale:{decision.table_id}:{job_id}"):
             s.jobs.event(job_id, EventKind.table_not_reused, f"table {decision.table_id} not reused: {decision.stale}", device_id)
         if decision.profile is not None:
@@ -110,11 +137,17 @@ def _apply(job_id: str, part: DevicePart, view: PartView, decision: Decision) ->
         if decision.estimate is not None:
             _ensure_vector(job_id, decision)
         return
-    _start_fine_tune(job_id, known, decision)
+    _start_fine_tune(job_id, seen, identity, decision)
 
 
-def _identify(part: DevicePart, device: DeviceInfo) -> DevicePart:
-    return part.model_copy(update={"device_type": device.device_type, "simulated": device.simulated})
+def _release_table_claim(job_id: str, view: PartView | None, part: DevicePart) -> None:
+    """A part's device went missing: a profile this job claimed cannot happen there now, so
+    free the table for the other jobs waiting on it (on another device of the type)."""
+    if view is None or part.device_type is None:
+        return
+    resource = table_resource(resource_ids(view.spec, part.device_type)[0])
+    if store().coordination.release_if_held_by(resource, job_id):
+        notify_waiters(resource)
 
 
 def _ensure_table(job_id: str, view: PartView, decision: Prepare) -> None:
@@ -125,11 +158,12 @@ def _ensure_table(job_id: str, view: PartView, decision: Prepare) -> None:
     fresh = s.resources.table(decision.table_id)
     if fresh is not None and fresh != view.table:  # produced since we looked
         send(app, TaskName.advance_job, job_id)
-    elif s.coordination.claim(resource, job_id):
-        request = decision.profile
+    elif s.coordination.claim(resource, token := claim_token(job_id)):
+        request = decision.profile.model_copy(update={"owner": token})
+        rows = f"rows {request.batch_sizes} " if request.merge else ""
         s.jobs.event(
             job_id, EventKind.profiling,
-            f"profiling {decision.table_id} on {request.device_id} ({request.options.mode})", request.device_id,
+            f"profiling {rows}{decision.table_id} on {request.device_id} ({request.options.mode})", request.device_id,
         )  # fmt: skip
         send(app, TaskName.profile_device, request, device_queue(request.device_id))
 
@@ -146,23 +180,20 @@ def _ensure_vector(job_id: str, decision: Prepare) -> None:
         send(app, TaskName.estimate_relation_vector, decision.estimate)
 
 
-def _start_fine_tune(job_id: str, part: DevicePart, decision: FineTune) -> None:
+def _start_fine_tune(job_id: str, seen: PartState, identity: dict[str, object], decision: FineTune) -> None:
     s = store()
-    device_id = part.device_id
+    device_id = decision.request.device_id
+    changes = identity | {
+        "state": PartState.finetuning,
+        "selection": decision.selection,
+        "baseline1": decision.baseline1,
+        "estimated_time_to_accuracy_s": decision.estimated_time_to_accuracy_s,
+        "baseline1_estimated_time_to_accuracy_s": decision.baseline1_estimated_time_to_accuracy_s,
+    }
+    if not s.jobs.update_part(job_id, device_id, changes, seen):
+        return
     if decision.baseline1_problem:
         s.jobs.event(job_id, EventKind.baseline1_unavailable, f"Baseline 1 has no configuration: {decision.baseline1_problem}", device_id)
-    s.jobs.put_part(
-        job_id,
-        part.model_copy(
-            update={
-                "state": PartState.finetuning,
-                "selection": decision.selection,
-                "baseline1": decision.baseline1,
-                "estimated_time_to_accuracy_s": decision.estimated_time_to_accuracy_s,
-                "baseline1_estimated_time_to_accuracy_s": decision.baseline1_estimated_time_to_accuracy_s,
-            }
-        ),
-    )
     if s.coordination.once(f"finetune:{job_id}:{device_id}"):
         choice = decision.selection
         s.jobs.event(job_id, EventKind.selected, f"selected b={choice.batch_size} f={choice.frequency_hz} Hz; fine-tuning", device_id)

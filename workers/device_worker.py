@@ -3,26 +3,20 @@ consumes only `device.<id>`, one task at a time; original settings are restored 
 
 from __future__ import annotations
 
-import logging
 import signal
 import socket
-import threading
 import zlib
 from pathlib import Path
-
-import redis
 
 from edgetrain.common.devices.base import Device, DeviceError
 from edgetrain.common.profiling import software_versions
 from edgetrain.common.schemas import DeviceInfo
 from edgetrain.common.settings import Settings
-from edgetrain.common.store import Store
 from edgetrain.tasks import context
 from edgetrain.tasks.contract import device_queue
 
-from .celery_worker import consume
+from .celery_worker import consume, watch_lost_children
 
-logger = logging.getLogger(__name__)
 DEVICE_TASKS = ("edgetrain.tasks.workflow", "edgetrain.tasks.device")
 
 BACKENDS = "sim:<twin name or spec file>, jetson, nvml"
@@ -59,42 +53,18 @@ def device_info(device_id: str, device: Device) -> DeviceInfo:
     )
 
 
-class Heartbeat(threading.Thread):
-    """Keeps the device's fleet record alive (TTL) while the worker runs."""
-
-    def __init__(self, store: Store, info: DeviceInfo, settings: Settings):
-        super().__init__(name="edgetrain-heartbeat", daemon=True)
-        self.store, self.info, self.settings = store, info, settings
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                self.store.fleet.register(self.info, self.settings.heartbeat_ttl_s)
-            except redis.RedisError as exc:  # Redis restarting: try again next period
-                logger.warning("heartbeat of %s failed: %s; retrying in %g s", self.info.device_id, exc, self.settings.heartbeat_s)
-            self.stopped.wait(self.settings.heartbeat_s)
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join(timeout=5)
-        self.store.fleet.unregister(self.info.device_id)
-
-
 def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
 def run_device_worker(settings: Settings, device_id: str, device: Device, loglevel: str = "INFO") -> None:
-    """Register `device` in the fleet and run its tasks from `device.<id>`, one at a time."""
+    """Register `device` in the fleet and run its tasks from `device.<id>`, one at a time, in
+    a pool child the worker survives; the device's original settings are restored on exit."""
     from edgetrain.common.devices.lifecycle import restore_on_signals
 
-    store = context.init(settings, DEVICE_TASKS)
+    context.init(settings, DEVICE_TASKS)
     context.bind_device(device_id, device)
-    info = device_info(device_id, device)
-    store.fleet.register(info, settings.heartbeat_ttl_s)
-    heartbeat = Heartbeat(store, info, settings)
-    heartbeat.start()
+    watch_lost_children()
     # Until Celery installs its own handlers, SIGTERM/SIGINT restore and exit through the
     # `finally` below; afterwards a SIGTERM is a warm shutdown (the running task finishes at
     # its pinned frequency) before that `finally` restores; an exit hook covers the rest.
@@ -102,7 +72,6 @@ def run_device_worker(settings: Settings, device_id: str, device: Device, loglev
         signal.signal(signum, _exit_on_signal)
     restore_on_signals(device)
     try:
-        consume([device_queue(device_id)], f"device-{device_id}", concurrency=1, pool="solo", loglevel=loglevel)
+        consume([device_queue(device_id)], f"device-{device_id}", "device", 1, loglevel, device_info(device_id, device))
     finally:
         device.restore()
-        heartbeat.stop()

@@ -66,19 +66,19 @@ def _new_table(s: Store, tid: str, before: datetime | None) -> ProfileTable | No
     table = s.resources.table(tid)
     if table is not None and table.created_at != before:
         return table
-    reason = s.coordination.failure(table_resource(tid))
-    if reason:
-        raise ProfilingFailed(reason)
+    failure = s.coordination.failure(table_resource(tid))
+    if failure:
+        raise ProfilingFailed(failure.reason)
     return None
 
 
-def _request(info: DeviceInfo, args: argparse.Namespace) -> ProfileRequest:
+def _request(info: DeviceInfo, owner: str, args: argparse.Namespace) -> ProfileRequest:
     """The profile this command asks for: staircase for a given cap unless --grid."""
     from edgetrain.common.payloads import profile_request
     from edgetrain.common.schemas import ProfilingOptions
 
     mode = "staircase" if args.power_cap_w is not None and not args.grid else "grid"
-    return profile_request(info.device_id, args.model, args.batch_sizes, ProfilingOptions(mode=mode), args.power_cap_w)
+    return profile_request(info, owner, args.model, args.batch_sizes, ProfilingOptions(mode=mode), args.power_cap_w)
 
 
 def _profile_and_wait(
@@ -86,16 +86,16 @@ def _profile_and_wait(
 ) -> int:
     """Claim the table and dispatch its profiling (or wait for the holder of the claim)."""
     from edgetrain.common.keys import table_resource
+    from edgetrain.common.store import claim_token
     from edgetrain.common.store.coordination import CLAIM_TTL_S
     from edgetrain.tasks.app import producer_app
     from edgetrain.tasks.client import poll_until
     from edgetrain.tasks.contract import TaskName, device_queue, send
 
-    resource = table_resource(tid)
-    if s.coordination.claim(resource, f"cli:{socket.gethostname()}:{os.getpid()}"):
-        s.coordination.clear_failure(resource)  # a failure of an earlier attempt is not this one's
+    resource, owner = table_resource(tid), claim_token(f"cli:{socket.gethostname()}:{os.getpid()}")
+    if s.coordination.claim(resource, owner):
         try:
-            request = _request(info, args)
+            request = _request(info, owner, args)
             send(producer_app(settings), TaskName.profile_device, request, device_queue(info.device_id))
         except BaseException:
             s.coordination.release(resource)

@@ -21,7 +21,7 @@ def run_server_workers(settings: Settings, name: str | None, concurrency: int, g
     cannot be initialised again in a forked child."""
     base = name or "server"
     if not gpus:
-        run_worker(settings, [SERVER_QUEUE], base, concurrency, "prefork", loglevel, SERVER_TASKS)
+        run_worker(settings, "server", [SERVER_QUEUE], base, concurrency, loglevel, SERVER_TASKS)
         return 0
     children = []
     for index in gpus.split(","):

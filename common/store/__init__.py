@@ -5,7 +5,9 @@
     store.resources    lookup tables and relation vectors      (ResourceStore)
     store.coordination claims, once-only actions, waiters,     (Coordination)
                        failures, delivery attempts
-    store.jobs         job records, parts, progress, events    (JobStore)
+    store.jobs         job records, parts, progress, events,   (JobStore)
+                       checkpoints and attempts
+    store.liveness     worker heartbeats, task leases          (Liveness)
 """
 
 from __future__ import annotations
@@ -14,12 +16,16 @@ import redis
 
 from ..keys import DEFAULT_PREFIX, Keys
 from .connection import connect
-from .coordination import Coordination
-from .fleet import FleetRegistry
+from .coordination import Coordination, claim_token, token_job
+from .fleet import DeviceIdTaken, FleetRegistry
 from .jobs import JobNotFoundError, JobStore
+from .liveness import Lease, Liveness, WorkerInfo
 from .resources import ResourceStore
 
-__all__ = ["Coordination", "FleetRegistry", "JobNotFoundError", "JobStore", "ResourceStore", "Store", "connect"]
+__all__ = [
+    "Coordination", "DeviceIdTaken", "FleetRegistry", "JobNotFoundError", "JobStore", "Lease", "Liveness",
+    "ResourceStore", "Store", "WorkerInfo", "claim_token", "connect", "token_job",
+]  # fmt: skip
 
 
 class Store:
@@ -32,11 +38,17 @@ class Store:
         self.resources = ResourceStore(client, keys)
         self.coordination = Coordination(client, keys)
         self.jobs = JobStore(client, keys)
+        self.liveness = Liveness(client, keys)
 
     @classmethod
-    def connect(cls, url: str, prefix: str = DEFAULT_PREFIX) -> "Store":
-        """A store on the Redis at `url` (redis://, rediss:// or unix://)."""
-        return cls(connect(url), prefix)
+    def connect(cls, url: str, prefix: str = DEFAULT_PREFIX, patient: bool = False) -> "Store":
+        """A store on the Redis at `url` (redis://, rediss:// or unix://); a `patient` one
+        (worker processes) retries through outages of about 30 s."""
+        return cls(connect(url, patient), prefix)
+
+    def ping(self) -> None:
+        """Raise redis.ConnectionError when Redis cannot be reached."""
+        self._redis.ping()
 
     def lock(self, name: str, timeout_s: float) -> redis.lock.Lock:
         """A Redis lock on key `name` that expires after `timeout_s` (s)."""

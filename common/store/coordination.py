@@ -3,14 +3,39 @@ actions done once, jobs waiting on a resource, failures, and delivery attempts o
 
 from __future__ import annotations
 
+import uuid
+
 import redis
 
 from ..keys import Keys
+from ..schemas import Strict
 
 CLAIM_TTL_S = 6 * 3600
 ONCE_TTL_S = 7 * 24 * 3600
 FAILURE_TTL_S = 3600
 ATTEMPTS_TTL_S = 7 * 24 * 3600
+
+
+def claim_token(job_id: str) -> str:
+    """A claim owner unique to one attempt of `job_id`: a request sent under an earlier claim
+    of the same job is recognisably stale."""
+    return f"{job_id}/{uuid.uuid4().hex[:8]}"
+
+
+def token_job(owner: str) -> str:
+    """The job id of a claim owner made by `claim_token` (other owners are returned as is)."""
+    return owner.split("/", 1)[0]
+
+
+class ResourceFailure(Strict):
+    """Why producing a table or vector failed, for the jobs that were waiting on it."""
+
+    reason: str
+    jobs: list[str]
+
+    def for_job(self, job_id: str) -> str | None:
+        """The reason, if `job_id` waited on the attempt that failed."""
+        return self.reason if job_id in self.jobs else None
 
 
 class Coordination:
@@ -21,8 +46,28 @@ class Coordination:
 
     def claim(self, resource: str, owner: str) -> bool:
         """Claim the production of `resource`: True for the first caller only, which must
-        produce it (or fail it); the claim expires after CLAIM_TTL_S."""
-        return bool(self._redis.set(self._keys.claim(resource), owner, nx=True, ex=CLAIM_TTL_S))
+        produce it (or fail it). A new claim is a new attempt: it clears an earlier failure.
+        The claim expires after CLAIM_TTL_S, a last resort: a lost producer releases it."""
+        if not self._redis.set(self._keys.claim(resource), owner, nx=True, ex=CLAIM_TTL_S):
+            return False
+        self._redis.delete(self._keys.failure(resource))
+        return True
+
+    def release_if_held_by(self, resource: str, owner: str) -> bool:
+        """Release the claim on `resource` if `owner` (a claim token, or a job id: any of its
+        tokens) holds it; True when released."""
+        with self._redis.pipeline() as p:
+            try:
+                p.watch(self._keys.claim(resource))
+                holder = p.get(self._keys.claim(resource))
+                if holder is None or owner not in (holder, token_job(holder)):
+                    return False
+                p.multi()
+                p.delete(self._keys.claim(resource))
+                p.execute()
+                return True
+            except redis.WatchError:
+                return False
 
     def holder(self, resource: str) -> str | None:
         """Who holds the claim on `resource`, if anyone."""
@@ -35,15 +80,19 @@ class Coordination:
         """True the first time `name` is asked for (within `ttl_s` s), False after."""
         return bool(self._redis.set(self._keys.once(name), "1", nx=True, ex=int(ttl_s)))
 
-    def fail(self, resource: str, reason: str) -> None:
-        """Record why `resource` could not be produced, and free its claim."""
+    def fail(self, resource: str, reason: str, jobs: list[str]) -> None:
+        """Record why `resource` could not be produced for `jobs` (those waiting on this
+        attempt), and free its claim. Jobs that come later try again."""
+        failure = ResourceFailure(reason=reason, jobs=sorted(set(jobs)))
         with self._redis.pipeline() as p:
-            p.set(self._keys.failure(resource), reason, ex=FAILURE_TTL_S)
+            p.set(self._keys.failure(resource), failure.model_dump_json(), ex=FAILURE_TTL_S)
             p.delete(self._keys.claim(resource))
             p.execute()
 
-    def failure(self, resource: str) -> str | None:
-        return self._redis.get(self._keys.failure(resource))
+    def failure(self, resource: str) -> ResourceFailure | None:
+        """The last failure to produce `resource`, if it has not been tried again since."""
+        raw = self._redis.get(self._keys.failure(resource))
+        return ResourceFailure.model_validate_json(raw) if raw else None
 
     def clear_failure(self, resource: str) -> None:
         self._redis.delete(self._keys.failure(resource))

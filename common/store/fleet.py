@@ -1,11 +1,40 @@
-"""The fleet registry: devices announce themselves with a heartbeat that expires."""
+"""The fleet registry: devices announce themselves with a heartbeat that expires.
+
+One worker instance serves a device id at a time: registering claims the id for the
+instance (the claim expires with the heartbeat), so a second worker with the same id is
+refused while the first is alive. The last heartbeat of every device is kept, so a device
+that stopped is known to have disappeared at that time."""
 
 from __future__ import annotations
+
+from datetime import datetime, timezone
 
 import redis
 
 from ..keys import Keys
 from ..schemas import DeviceInfo, utc_now
+
+# Set the owner of a device id if it is free, already ours, or the stale owner we replace;
+# 1 when the id is ours.
+_CLAIM_ID = """
+local owner = redis.call('GET', KEYS[1])
+if owner == false or owner == ARGV[1] or owner == ARGV[3] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+class DeviceIdTaken(RuntimeError):
+    """Another live worker serves this device id."""
+
+    def __init__(self, device_id: str, owner: str):
+        self.device_id, self.owner = device_id, owner
+        super().__init__(
+            f"device id {device_id!r} is served by another live worker ({owner}); "
+            "stop that worker or choose another --device-id"
+        )
 
 
 class FleetRegistry:
@@ -13,19 +42,34 @@ class FleetRegistry:
 
     def __init__(self, client: redis.Redis, keys: Keys):
         self._redis, self._keys = client, keys
+        self._claim_id = client.register_script(_CLAIM_ID)
 
-    def register(self, info: DeviceInfo, ttl_s: float) -> None:
-        """Announce `info` for `ttl_s` seconds; call again before it expires."""
+    def owner(self, device_id: str) -> str | None:
+        """The worker instance serving `device_id`, while its heartbeat is alive."""
+        return self._redis.get(self._keys.device_owner(device_id))
+
+    def register(self, info: DeviceInfo, ttl_s: float, instance: str, replaces: str = "") -> None:
+        """Announce `info` for `ttl_s` seconds as served by worker `instance` (taking over
+        from `replaces`, an owner known to be dead); call again before it expires.
+        DeviceIdTaken when another live instance serves the id."""
+        args = [instance, int(ttl_s * 1000), replaces]
+        if not self._claim_id(keys=[self._keys.device_owner(info.device_id)], args=args):
+            raise DeviceIdTaken(info.device_id, self.owner(info.device_id) or "?")
         info = info.model_copy(update={"heartbeat_at": utc_now()})
+        seconds, _ = self._redis.time()
         with self._redis.pipeline() as p:
             p.sadd(self._keys.fleet_ids(), info.device_id)
             p.set(self._keys.device(info.device_id), info.model_dump_json(), px=int(ttl_s * 1000))
+            p.zadd(self._keys.fleet_seen(), {info.device_id: seconds})
             p.execute()
 
-    def unregister(self, device_id: str) -> None:
+    def unregister(self, device_id: str, instance: str) -> None:
+        """Leave the fleet (a worker stopping cleanly); only the instance serving the id may."""
+        if self.owner(device_id) not in (instance, None):
+            return
         with self._redis.pipeline() as p:
             p.srem(self._keys.fleet_ids(), device_id)
-            p.delete(self._keys.device(device_id))
+            p.delete(self._keys.device(device_id), self._keys.device_owner(device_id))
             p.execute()
 
     def device(self, device_id: str) -> DeviceInfo | None:
@@ -33,13 +77,26 @@ class FleetRegistry:
         raw = self._redis.get(self._keys.device(device_id))
         return DeviceInfo.model_validate_json(raw) if raw else None
 
+    def devices_by_id(self, device_ids: list[str]) -> dict[str, DeviceInfo]:
+        """The live devices among `device_ids` (one round trip)."""
+        raws = self._redis.mget([self._keys.device(d) for d in device_ids]) if device_ids else []
+        return {d: DeviceInfo.model_validate_json(raw) for d, raw in zip(device_ids, raws) if raw}
+
     def devices(self) -> list[DeviceInfo]:
         """Devices with a live heartbeat, by id (two round trips); expired ids are dropped."""
         ids = sorted(self._redis.smembers(self._keys.fleet_ids()))
-        if not ids:
-            return []
-        raws = self._redis.mget([self._keys.device(i) for i in ids])
-        gone = [i for i, raw in zip(ids, raws) if raw is None]
+        live = self.devices_by_id(ids)
+        gone = [i for i in ids if i not in live]
         if gone:
             self._redis.srem(self._keys.fleet_ids(), *gone)
-        return [DeviceInfo.model_validate_json(raw) for raw in raws if raw is not None]
+        return [live[i] for i in ids if i in live]
+
+    def last_seen(self, device_id: str) -> datetime | None:
+        """When the device's last heartbeat arrived (None: never seen)."""
+        score = self._redis.zscore(self._keys.fleet_seen(), device_id)
+        return None if score is None else datetime.fromtimestamp(score, timezone.utc)
+
+    def silent_since(self, seconds_ago: float) -> list[str]:
+        """Devices whose last heartbeat is older than `seconds_ago` (Redis time)."""
+        now, _ = self._redis.time()
+        return sorted(self._redis.zrangebyscore(self._keys.fleet_seen(), "-inf", now - seconds_ago))

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 
-from ..jobs import DevicePart, EventKind, FinetuneProgress, JobEvent, JobRecord, JobStatus, job_state
+from ..jobs import (
+    TERMINAL,
+    PartState,
+    AttemptLog,
+    CheckpointRef,
+    DevicePart,
+    EventKind,
+    FinetuneProgress,
+    JobEvent,
+    JobRecord,
+    JobStatus,
+    job_state,
+)
 from ..keys import Keys
 from ..schemas import JobSpec, utc_now
 
@@ -28,6 +42,8 @@ class JobStore:
             for d in spec.devices:
                 part = DevicePart(device_id=d.device_id, power_cap_w=d.power_cap_w)
                 p.set(self._keys.part(job_id, d.device_id), part.model_dump_json())
+            for d in spec.devices:
+                p.sadd(self._keys.device_jobs(d.device_id), job_id)
             p.zadd(self._keys.jobs(), {job_id: record.created_at.timestamp()})
             p.rpush(self._keys.events(job_id), event.model_dump_json())
             p.execute()
@@ -51,11 +67,55 @@ class JobStore:
             raise JobNotFoundError(f"job {job_id} has no device {missing[0]}")
         return [DevicePart.model_validate_json(raw) for raw in raws]
 
-    def put_part(self, job_id: str, part: DevicePart) -> DevicePart:
-        """Store `part` (stamped with the time); returns what was stored."""
-        part = part.model_copy(update={"updated_at": utc_now()})
-        self._redis.set(self._keys.part(job_id, part.device_id), part.model_dump_json())
-        return part
+    def update_part(
+        self, job_id: str, device_id: str, changes: dict[str, Any], expect: PartState | None = None
+    ) -> DevicePart | None:
+        """Apply `changes` to a part atomically (compare and set), if it is still in state
+        `expect` (any state when None); returns the part as stored, or None when it had moved
+        on (another process changed its state first)."""
+        key = self._keys.part(job_id, device_id)
+        with self._redis.pipeline() as p:
+            while True:
+                try:
+                    p.watch(key)
+                    raw = p.get(key)
+                    if raw is None:
+                        raise JobNotFoundError(f"job {job_id} has no device {device_id}")
+                    part = DevicePart.model_validate_json(raw)
+                    if expect is not None and part.state != expect:
+                        p.unwatch()
+                        return None
+                    part = part.model_copy(update=changes | {"updated_at": utc_now()})
+                    p.multi()
+                    p.set(key, part.model_dump_json())
+                    if part.state in TERMINAL:
+                        p.srem(self._keys.device_jobs(device_id), job_id)
+                    p.execute()
+                    return part
+                except redis.WatchError:
+                    continue
+
+    def device_jobs(self, device_id: str) -> list[str]:
+        """Jobs with an unfinished part on `device_id`."""
+        return sorted(self._redis.smembers(self._keys.device_jobs(device_id)))
+
+    def progress(self, job_id: str, device_id: str) -> FinetuneProgress | None:
+        raw = self._redis.get(self._keys.progress(job_id, device_id))
+        return FinetuneProgress.model_validate_json(raw) if raw else None
+
+    def set_checkpoint(self, job_id: str, device_id: str, checkpoint: CheckpointRef) -> None:
+        self._redis.set(self._keys.checkpoint(job_id, device_id), checkpoint.model_dump_json())
+
+    def checkpoint(self, job_id: str, device_id: str) -> CheckpointRef | None:
+        raw = self._redis.get(self._keys.checkpoint(job_id, device_id))
+        return CheckpointRef.model_validate_json(raw) if raw else None
+
+    def set_attempt_log(self, job_id: str, device_id: str, log: AttemptLog) -> None:
+        self._redis.set(self._keys.attempt_log(job_id, device_id), log.model_dump_json())
+
+    def attempt_log(self, job_id: str, device_id: str) -> AttemptLog:
+        raw = self._redis.get(self._keys.attempt_log(job_id, device_id))
+        return AttemptLog.model_validate_json(raw) if raw else AttemptLog()
 
     def set_progress(self, job_id: str, device_id: str, progress: FinetuneProgress) -> None:
         self._redis.set(self._keys.progress(job_id, device_id), progress.model_dump_json())

@@ -137,3 +137,30 @@ def test_baseline1_without_a_configuration_does_not_stop_the_fine_tune() -> None
     decision = plan(view(spec(low_cap), device=device(power_envelope_w=envelope)))
     assert isinstance(decision, FineTune) and decision.baseline1 is None
     assert "below what any configuration needs" in decision.baseline1_problem
+
+
+def test_a_missing_device_waits_for_its_grace_period_then_fails_naming_when_it_was_last_seen() -> None:
+    seen, ttl = utc_now(), 30.0
+    for state in (PartState.pending, PartState.profiling, PartState.finetuning):
+        waiting = plan(view(state=state, device=None, last_seen=seen, heartbeat_ttl_s=ttl, now=seen + timedelta(seconds=149)))
+        assert isinstance(waiting, Wait) and "has not been heard from since" in waiting.notice
+        failed = plan(view(state=state, device=None, last_seen=seen, heartbeat_ttl_s=ttl, now=seen + timedelta(seconds=150)))
+        assert failed == Fail(
+            f"device 'd1' disappeared at {seen:%Y-%m-%d %H:%M:%S} UTC (its last heartbeat; "
+            "it did not come back within the job's grace period of 120 s)"
+        )
+    short = spec(device_grace_s=5)
+    assert isinstance(plan(view(short, device=None, last_seen=seen, heartbeat_ttl_s=ttl, now=seen + timedelta(seconds=36))), Fail)
+    assert plan(view(state=PartState.finetuning)) == Wait("fine-tuning")  # device live: the task owns the part
+
+
+def test_a_table_without_rows_for_some_batch_sizes_profiles_those_rows_to_merge() -> None:
+    partial = table()
+    keep = [0, 1, 2]  # rows 4, 8, 16
+    partial = partial.model_copy(update={
+        "batch_sizes": [B[i] for i in keep], "time_s": [partial.time_s[i] for i in keep],
+        "peak_power_w": [partial.peak_power_w[i] for i in keep], "max_batch_size": 16,
+    })  # fmt: skip
+    decision = plan(view(table=partial))
+    assert isinstance(decision, Prepare) and decision.state == PartState.profiling and decision.stale is None
+    assert decision.profile.batch_sizes == [32, 64, 128] and decision.profile.merge

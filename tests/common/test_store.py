@@ -2,11 +2,11 @@ import time
 
 import pytest
 
-from edgetrain.common.jobs import EventKind, FinetuneProgress, JobState
+from edgetrain.common.jobs import EventKind, FinetuneProgress, JobState, PartState
 from edgetrain.common.keys import table_id
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, JobSpec, ProfileTable, RelationVector, TrainingOutcome
-from edgetrain.common.store import JobNotFoundError, Store
+from edgetrain.common.store import DeviceIdTaken, JobNotFoundError, Lease, Store, WorkerInfo
 
 
 def info(device_id: str) -> DeviceInfo:
@@ -14,12 +14,12 @@ def info(device_id: str) -> DeviceInfo:
 
 
 def test_fleet_registration_expires_without_heartbeat(store) -> None:
-    store.fleet.register(info("a"), ttl_s=0.3)
-    store.fleet.register(info("b"), ttl_s=30)
+    store.fleet.register(info("a"), ttl_s=0.3, instance="wa")
+    store.fleet.register(info("b"), ttl_s=30, instance="wb")
     assert [d.device_id for d in store.fleet.devices()] == ["a", "b"]
     time.sleep(0.5)
     assert [d.device_id for d in store.fleet.devices()] == ["b"]
-    store.fleet.unregister("b")
+    store.fleet.unregister("b", "wb")
     assert store.fleet.devices() == []
 
 
@@ -49,12 +49,15 @@ def test_vector_parts_count_claims_and_once(store) -> None:
     c.add_waiter("r", "job1")
     c.add_waiter("r", "job2")
     assert c.take_waiters("r") == ["job1", "job2"] and c.take_waiters("r") == []
-    c.fail("r", "broken")
-    assert c.failure("r") == "broken" and c.holder("r") is None and c.claim("r", "job3")
+    c.fail("r", "broken", ["job1", "job2"])
+    failure = c.failure("r")
+    assert failure.for_job("job2") == "broken" and failure.for_job("job9") is None and c.holder("r") is None
+    assert c.claim("r", "job3") and c.failure("r") is None  # a new attempt clears the failure
+    c.fail("r", "broken again", ["job3"])
     c.clear_failure("r")
     assert c.failure("r") is None
     assert c.once("finished:j") and not c.once("finished:j")
-    assert not c.claim("r", "job4")  # claims and once-only markers are separate names
+    assert c.claim("finished:j", "job4")  # claims and once-only markers are separate names
 
 
 def test_attempts_are_counted_with_an_expiry(store, redis_server) -> None:
@@ -84,8 +87,62 @@ def test_job_record_status_progress_and_structured_events(store) -> None:
 def test_key_prefixes_let_two_deployments_share_one_redis(redis_server) -> None:
     a, b = Store.connect(redis_server.url, "deploy-a"), Store.connect(redis_server.url, "deploy-b")
     a.clear(), b.clear()
-    a.fleet.register(info("only-in-a"), ttl_s=30)
+    a.fleet.register(info("only-in-a"), ttl_s=30, instance="w")
     a.jobs.create("j1", JobSpec.model_validate(quick_job()))
     assert [d.device_id for d in a.fleet.devices()] == ["only-in-a"] and b.fleet.devices() == []
     assert a.jobs.job_ids() == ["j1"] and b.jobs.job_ids() == []
     assert b.clear() == 0 and a.clear() > 0 and a.jobs.job_ids() == []
+
+
+def test_a_device_id_is_served_by_one_live_worker(store) -> None:
+    store.fleet.register(info("n1"), ttl_s=0.5, instance="w1")
+    with pytest.raises(DeviceIdTaken, match="served by another live worker"):
+        store.fleet.register(info("n1"), ttl_s=0.5, instance="w2")
+    store.fleet.register(info("n1"), ttl_s=0.5, instance="w2", replaces="w1")  # w1 is known to be dead
+    assert store.fleet.owner("n1") == "w2"
+    store.fleet.unregister("n1", "w1")  # not the owner: nothing happens
+    assert store.fleet.device("n1") is not None
+    time.sleep(0.6)
+    store.fleet.register(info("n1"), ttl_s=30, instance="w3")  # w2's registration expired
+    assert store.fleet.owner("n1") == "w3"
+
+
+def test_the_last_heartbeat_of_a_device_is_kept(store) -> None:
+    store.fleet.register(info("n1"), ttl_s=0.2, instance="w1")
+    before = store.fleet.last_seen("n1")
+    time.sleep(1.1)
+    assert store.fleet.device("n1") is None and store.fleet.last_seen("n1") == before
+    assert store.fleet.silent_since(1.0) == ["n1"] and store.fleet.last_seen("never") is None
+
+
+def test_leases_expire_unless_renewed_and_are_reaped_once(store) -> None:
+    live = store.liveness
+    live.take(Lease(task_id="t1", task="edgetrain.finetune", node="device-a@h", job_id="j1", device_id="a"))
+    live.take(Lease(task_id="t2", task="edgetrain.train_proxy", node="server-0@h"))
+    time.sleep(1.1)
+    live.renew(["t2", "t-released"])  # a released lease is not brought back
+    assert [lease.task_id for lease in live.expired(1.0)] == ["t1"]
+    assert live.reap("t1") and not live.reap("t1")
+    live.release("t2")
+    assert live.expired(0.0) == [] and live.lease("t2") is None
+
+
+def test_the_worker_registry_lists_live_consumers_of_a_queue(store) -> None:
+    live = store.liveness
+    live.heartbeat(WorkerInfo(node="control@h", role="control", queues=["control"], hostname="h", pid=1))
+    live.heartbeat(WorkerInfo(node="server-0@h", role="server", queues=["server"], hostname="h", pid=2))
+    assert [w.node for w in live.consumers("server", ttl_s=30)] == ["server-0@h"]
+    time.sleep(1.1)
+    assert live.consumers("server", ttl_s=1.0) == []
+    live.remove_worker("control@h")
+    assert [w.node for w in live.workers(ttl_s=30)] == ["server-0@h"]
+
+
+def test_a_part_changes_only_from_the_state_it_was_read_in(store) -> None:
+    store.jobs.create("j1", JobSpec.model_validate(quick_job()))
+    assert store.jobs.device_jobs("nano-1") == ["j1"]
+    assert store.jobs.update_part("j1", "nano-1", {"state": PartState.finetuning}, PartState.pending)
+    assert store.jobs.update_part("j1", "nano-1", {"state": PartState.failed}, PartState.pending) is None  # moved on
+    done = store.jobs.update_part("j1", "nano-1", {"state": PartState.completed}, PartState.finetuning)
+    assert done.state == PartState.completed and store.jobs.part("j1", "nano-1").state == PartState.completed
+    assert store.jobs.device_jobs("nano-1") == []  # no unfinished part on the device any more

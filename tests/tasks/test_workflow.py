@@ -36,7 +36,7 @@ def broker(redis_server) -> redis.Redis:
 def register(s, device_id: str, **changes) -> DeviceInfo:
     base = dict(device_id=device_id, device_type="twin", backend="sim", frequencies_hz=F, memory_bytes=1, simulated=True)
     info = DeviceInfo(**(base | changes))
-    s.fleet.register(info, ttl_s=60)
+    s.fleet.register(info, ttl_s=60, instance="test")
     return info
 
 
@@ -71,7 +71,7 @@ def test_missing_table_and_vector_are_dispatched_once_across_jobs(s, broker) -> 
     assert estimate.name == TaskName.estimate_relation_vector.value
     assert EstimationRequest.model_validate(estimate.payload) == spec.estimation_request()
     assert kinds(s, "j1") == [EventKind.submitted, EventKind.profiling, EventKind.estimating]
-    assert s.coordination.holder(table_resource(TID)) == "j1"
+    assert s.coordination.holder(table_resource(TID)).startswith("j1/")
 
     advance_job("j1")  # again: nothing new
     submit(s, "j2", [{"device_id": "d1", "power_cap_w": 5.0}])
@@ -140,6 +140,6 @@ def test_an_old_failure_is_ignored_while_the_resource_exists(s, broker) -> None:
     register(s, "d1")
     spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
     vector = store_resources(s, spec)
-    s.coordination.fail(vector_resource(vector.key), "an old failure")  # ignored: the vector exists
+    s.coordination.fail(vector_resource(vector.key), "an old failure", ["j1"])  # ignored: the vector exists
     advance_job("j1")
     assert s.jobs.part("j1", "d1").state == PartState.finetuning

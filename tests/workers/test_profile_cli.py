@@ -87,7 +87,7 @@ def nano_7(store) -> str:
     twin = load_twin("jetson-nano")
     info = DeviceInfo(device_id="nano-7", device_type=twin.device_type, backend="sim:jetson-nano",
                       frequencies_hz=twin.frequencies_hz, memory_bytes=twin.memory_bytes, simulated=True)  # fmt: skip
-    store.fleet.register(info, ttl_s=60)
+    store.fleet.register(info, ttl_s=60, instance="test")
     return info.device_id
 
 

@@ -1,0 +1,91 @@
+"""A worker's heartbeat: keeps its entry in the worker registry alive (role, queues, host,
+pid), and a device worker's device in the fleet, while the process runs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Callable
+
+import redis
+
+from edgetrain.common.schemas import DeviceInfo
+from edgetrain.common.settings import Settings
+from edgetrain.common.store import DeviceIdTaken, Store, WorkerInfo
+
+logger = logging.getLogger(__name__)
+
+
+class Heartbeat(threading.Thread):
+    """Announces the worker (and its device) every `settings.heartbeat_s` seconds."""
+
+    def __init__(self, store: Store, settings: Settings, worker: WorkerInfo, device: DeviceInfo | None = None):
+        super().__init__(name="edgetrain-heartbeat", daemon=True)
+        self.store, self.settings, self.worker, self.device = store, settings, worker, device
+        self.instance = f"{worker.node}:{worker.pid}"
+        self.stopped = threading.Event()
+
+    def beat(self, replaces: str = "") -> None:
+        """One heartbeat; DeviceIdTaken when another live worker serves the device id."""
+        self.store.liveness.heartbeat(self.worker)
+        if self.device is not None:
+            self.store.fleet.register(self.device, self.settings.heartbeat_ttl_s, self.instance, replaces)
+
+    def _owner_on_this_host(self) -> tuple[str, bool] | None:
+        """(owner, whether its process is alive) when the device id's owner is a worker on
+        this host, else None (another host: only its registration expiring tells)."""
+        assert self.device is not None
+        owner = self.store.fleet.owner(self.device.device_id) or ""
+        node, _, pid = owner.rpartition(":")
+        if not node.endswith(f"@{self.worker.hostname}") or not pid.isdigit():
+            return None
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return owner, False
+        except PermissionError:  # alive, another user's
+            pass
+        return owner, True
+
+    def first_beat(self, wait_s: float, say: Callable[[str], None]) -> None:
+        """The first heartbeat. When another worker holds the device id: on this host, replace
+        it if its process is gone (a restart after a crash) or refuse at once if it lives;
+        on another host, wait up to `wait_s` seconds for its registration to expire."""
+        deadline, said = time.monotonic() + wait_s, False
+        while True:
+            try:
+                self.beat()
+                return
+            except DeviceIdTaken as exc:
+                local = self._owner_on_this_host()
+                if local is not None and not local[1]:
+                    self.beat(replaces=local[0])
+                    return
+                if local is not None or time.monotonic() > deadline:
+                    raise
+                if not said:
+                    say(f"{exc}; waiting up to {wait_s:g} s for its registration to expire")
+                    said = True
+                time.sleep(1.0)
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.settings.heartbeat_s):
+            try:
+                self.beat()
+            except redis.RedisError as exc:  # Redis restarting: try again next period
+                logger.warning("heartbeat of %s failed: %s; retrying in %g s", self.worker.node, exc, self.settings.heartbeat_s)
+            except DeviceIdTaken as exc:  # our claim lapsed during an outage and another worker took the id
+                logger.error("%s", exc)
+
+    def stop(self) -> None:
+        """Stop beating and leave the registry (and the fleet)."""
+        self.stopped.set()
+        self.join(timeout=5)
+        try:
+            self.store.liveness.remove_worker(self.worker.node)
+            if self.device is not None:
+                self.store.fleet.unregister(self.device.device_id, self.instance)
+        except redis.RedisError as exc:
+            logger.warning("leaving the registry failed: %s (the entries expire by themselves)", exc)
