@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from edgetrain.common.settings import get_settings
 
+from .device_cli import add_device_commands
 from .profile_cli import add_profile_commands
 
 Handler = Callable[[argparse.Namespace], int]
@@ -47,7 +48,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not args.device_id or not args.backend:
         print("edgetrain worker device: --device-id and --backend are required", file=sys.stderr)
         return 2
-    device = make_device(args.backend, args.device_id, args.sysfs_root, args.allow_clock_control, args.gpu_index)
+    device = make_device(args.backend, args.device_id, args.sysfs_root, args.allow_clock_control, args.gpu_index,
+                         args.allow_power_limit)
     run_device_worker(args.device_id, device, args.loglevel)
     return 0
 
@@ -160,14 +162,6 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0 if all(r["status"] != "failed" for r in result.values()) else 1
 
 
-def cmd_device_inspect(args: argparse.Namespace) -> int:
-    from edgetrain.common.devices.jetson import format_inspect, inspect
-
-    info = inspect(args.sysfs_root)
-    _print_json(info) if args.json else print(format_inspect(info))
-    return 0
-
-
 def cmd_flower(args: argparse.Namespace) -> int:
     from edgetrain.tasks.app import app
 
@@ -194,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", help="device backend: sim:<twin>, jetson or nvml")
     p.add_argument("--sysfs-root", type=Path, help="root of the Jetson sysfs tree (default /)")
     p.add_argument("--allow-clock-control", action="store_true", help="nvml: allow locking GPU clocks")
+    p.add_argument("--allow-power-limit", action="store_true",
+                   help="nvml: control the GPU's power limit (restored on exit); the default is read-only")
     p.add_argument("--gpu-index", type=int, default=0, help="nvml: which GPU")
     p.add_argument("--gpus", help="server: comma-separated GPU indices, one worker process per GPU")
     p.add_argument("--concurrency", type=int, default=1, help="processes (server) or threads (control)")
@@ -235,12 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_data)
 
-    p = sub.add_parser("device", help="look at this machine's device")
-    device_sub = p.add_subparsers(dest="device_command", required=True)
-    p = device_sub.add_parser("inspect", help="Jetson board family, GPU frequencies, power rails")
-    p.add_argument("--sysfs-root", type=Path, default=Path("/"), help="root of the sysfs tree (default /)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_device_inspect)
+    add_device_commands(sub)
 
     p = sub.add_parser("flower", help="run Flower (Celery monitoring) for this cluster")
     p.add_argument("--port", type=int, default=5555)

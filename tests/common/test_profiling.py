@@ -3,6 +3,7 @@ from datetime import timedelta
 
 import pytest
 
+from edgetrain.common.control_axis import ControlAxis
 from edgetrain.common.devices.base import Measurement
 from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
 from edgetrain.common.models import get_model
@@ -20,6 +21,7 @@ class RecordedDevice:
     """A device that replays a recorded grid of step times and peak powers."""
 
     device_type, backend, simulated = "recorded", "recorded", True
+    control, software = ControlAxis.GPU_CLOCK_HZ, {}
 
     def __init__(self, table: ProfileTable, max_batch: int | None = None):
         self.table, self.max_batch, self.f = table, max_batch, None
@@ -122,7 +124,8 @@ def test_memory_limit_is_found_and_stored() -> None:
 
 def test_tables_record_what_produced_them_and_stale_ones_are_refused() -> None:
     table = profile_twin("grid", None, seed=1, batch_sizes=(4,))
-    assert table.produced_by == software_versions() and table.produced_by["torch"]
+    assert table.produced_by == software_versions() | SimulatedDevice(load_twin("jetson-nano")).software
+    assert table.produced_by["torch"] and table.produced_by["twin_spec"]
     info = DeviceInfo(device_id="n", device_type="jetson-nano", backend="sim", frequencies_hz=[1], memory_bytes=1, simulated=True, software=software_versions())
     assert table_problem(table, info, None) is None
     newer = info.model_copy(update={"software": software_versions() | {"torch": "99.0"}})
