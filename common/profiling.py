@@ -1,5 +1,8 @@
 """Device profiling (docs/method.md, part 1): time T[b][f] for N_s samples and peak power P[b][f].
 
+The columns f are the settings of the device's control axis (locked clocks, power limits,
+or the driver's choice); the table records which, and the GPU clock observed at each point.
+
 The data content does not matter, only its shape, so profiling trains on random inputs.
 Peak power is stored non-decreasing in f (each point raised to the highest power measured
 at a lower frequency of its row), so sensor noise never makes a higher frequency look
@@ -16,6 +19,7 @@ from torch.utils.data import TensorDataset
 
 import edgetrain
 
+from .control_axis import ClockObservation
 from .devices.base import Device, Measurement
 from .models import ModelEntry, build_model
 from .schemas import LearningRatePolicy, ProfileTable, ProfilingOptions
@@ -161,6 +165,9 @@ def profile(
     def cell(b: int, f: int, value: Callable[[Measurement], float]) -> float | None:
         return value(measured[(b, f)]) if (b, f) in measured else None
 
+    def observed(b: int, f: int) -> ClockObservation | None:
+        return measured[(b, f)].clock if (b, f) in measured else None
+
     time_s = [[cell(b, f, lambda m, b=b: m.elapsed_s / m.steps * options.samples / b) for f in frequencies] for b in batch_sizes]
     energy_j = [[cell(b, f, lambda m, b=b: m.energy_j / m.steps * options.samples / b) for f in frequencies] for b in batch_sizes]
     power = [_monotone([cell(b, f, lambda m: m.peak_power_w) for f in frequencies]) for b in batch_sizes]
@@ -178,6 +185,8 @@ def profile(
         simulated=device.simulated,
         mode="staircase" if staircase_mode else "grid",
         power_cap_w=power_cap_w if staircase_mode else None,
-        produced_by=software_versions() | getattr(device, "software", {}),
+        produced_by=software_versions() | device.software,
         points_measured=len(measured),
+        control=device.control,
+        observed_clock_hz=[[observed(b, f) for f in frequencies] for b in batch_sizes],
     )

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .control_axis import ClockObservation, ControlAxis
+
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 PAPER_BATCH_SIZES = [4, 8, 16, 32, 64, 128]
 # Bounds on what a spec may ask, so that no request occupies a worker without end.
@@ -174,6 +176,7 @@ class DeviceInfo(Strict):
         None, description="model-agnostic full-load board power per frequency (W), for Baseline 1"
     )
     software: dict[str, str] = Field(default_factory=dict, description="versions its tables are made with")
+    control: ControlAxis = Field(ControlAxis.GPU_CLOCK_HZ, description="what frequencies_hz holds: the control axis")
     hostname: str = ""
     registered_at: datetime = Field(default_factory=utc_now)
     heartbeat_at: datetime = Field(default_factory=utc_now)
@@ -184,7 +187,11 @@ class DeviceInfo(Strict):
 
 class ProfileTable(Strict):
     """T[b][f] (s for `samples` samples), peak P[b][f] (W) and energy E[b][f] (J for `samples`
-    samples); rows follow `batch_sizes`, columns follow `frequencies_hz`; None = not measured."""
+    samples); rows follow `batch_sizes`, columns follow `frequencies_hz`; None = not measured.
+
+    The columns are the settings of the device's control axis, ascending (`control`: locked
+    GPU clocks in Hz by default, power limits in mW, or the single driver's-choice setting);
+    `observed_clock_hz` holds the GPU clock seen while each point was measured."""
 
     batch_sizes: list[int] = Field(min_length=1)
     frequencies_hz: list[int] = Field(min_length=1)
@@ -202,6 +209,10 @@ class ProfileTable(Strict):
     power_cap_w: float | None = None
     produced_by: dict[str, str] = Field(default_factory=dict)
     created_at: datetime = Field(default_factory=utc_now)
+    control: ControlAxis = Field(ControlAxis.GPU_CLOCK_HZ, description="what the columns are, with their unit")
+    observed_clock_hz: list[list[ClockObservation | None]] | None = Field(
+        None, description="GPU clock sampled while each point's steps ran (Hz)"
+    )
 
     def measured_points(self) -> int:
         """How many (b, f) points were measured."""
@@ -210,7 +221,7 @@ class ProfileTable(Strict):
     @model_validator(mode="after")
     def _shapes(self) -> "ProfileTable":
         rows, cols = len(self.batch_sizes), len(self.frequencies_hz)
-        for name in ("time_s", "peak_power_w", "energy_j"):
+        for name in ("time_s", "peak_power_w", "energy_j", "observed_clock_hz"):
             table = getattr(self, name)
             if table is None:
                 continue

@@ -12,9 +12,12 @@ def reuse_problem(
 ) -> str | None:
     """Why `table` cannot serve `device` under `power_cap_w` (W), or None when it can.
 
-    A table made by other software than the device runs now (edgetrain, torch, CUDA or
-    JetPack versions) is not reused; nor is a staircase table made for another cap, nor one
+    A table made on another control axis (locked clocks, power limits, the driver's choice) or
+    by other software than the device runs now (edgetrain, torch, CUDA or JetPack versions) is
+    not reused; nor is a staircase table made for another cap, nor one
     older than `not_before` (a forced profile)."""
+    if table.control != device.control:
+        return f"made on the {table.control.value} axis, the device uses {device.control.value}"
     changed = {k: (table.produced_by.get(k), v) for k, v in device.software.items() if table.produced_by.get(k) != v}
     if changed:
         return f"made by other software (table, device): {changed}"

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from .cli_args import ExitCode, connection_options, settings_from
 from .output import format_data_fetch, format_data_status, format_fleet, format_report, format_selection, format_status
 from .output import print_json
+from .device_cli import add_device_commands
 from .profile_cli import add_profile_commands
 
 
@@ -42,7 +43,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not args.device_id or not args.backend:
         print("edgetrain worker device: --device-id and --backend are required", file=sys.stderr)
         return ExitCode.usage
-    device = make_device(args.backend, args.device_id, args.sysfs_root, args.allow_clock_control, args.gpu_index)
+    device = make_device(args.backend, args.device_id, args.sysfs_root, args.allow_clock_control, args.gpu_index,
+                         args.allow_power_limit)
     run_device_worker(settings, args.device_id, device, args.loglevel)
     return ExitCode.ok
 
@@ -136,14 +138,6 @@ def cmd_data(args: argparse.Namespace) -> int:
     return ExitCode.ok if all(r["status"] != "failed" for r in fetched.values()) else ExitCode.failed
 
 
-def cmd_device_inspect(args: argparse.Namespace) -> int:
-    from edgetrain.common.devices.jetson import format_inspect, inspect
-
-    info = inspect(args.sysfs_root)
-    print_json(info) if args.json else print(format_inspect(info))
-    return ExitCode.ok
-
-
 def cmd_flower(args: argparse.Namespace) -> int:
     from edgetrain.tasks import context
 
@@ -172,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", help="device backend: sim:<twin>, jetson or nvml")
     p.add_argument("--sysfs-root", type=Path, help="root of the Jetson sysfs tree (default /)")
     p.add_argument("--allow-clock-control", action="store_true", help="nvml: allow locking GPU clocks")
+    p.add_argument("--allow-power-limit", action="store_true",
+                   help="nvml: control the GPU's power limit (restored on exit); the default is read-only")
     p.add_argument("--gpu-index", type=int, default=0, help="nvml: which GPU")
     p.add_argument("--gpus", help="server: comma-separated GPU indices, one worker process per GPU")
     p.add_argument("--concurrency", type=int, default=1, help="pool processes (server and control workers)")
@@ -213,12 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_data)
 
-    p = sub.add_parser("device", help="look at this machine's device")
-    device_sub = p.add_subparsers(dest="device_command", required=True)
-    p = device_sub.add_parser("inspect", help="Jetson board family, GPU frequencies, power rails")
-    p.add_argument("--sysfs-root", type=Path, default=Path("/"), help="root of the sysfs tree (default /)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_device_inspect)
+    add_device_commands(sub)
 
     p = sub.add_parser("flower", help="run Flower (Celery monitoring) for this cluster", parents=conn)
     p.add_argument("--port", type=int, default=5555)

@@ -22,8 +22,12 @@ DEVICE_TASKS = ("edgetrain.tasks.workflow", "edgetrain.tasks.device")
 BACKENDS = "sim:<twin name or spec file>, jetson, nvml"
 
 
-def make_device(backend: str, device_id: str, sysfs_root: Path | None = None, allow_clock_control: bool = False, gpu_index: int = 0) -> Device:
-    """The device backend named by `backend`."""
+def make_device(backend: str, device_id: str, sysfs_root: Path | None = None, allow_clock_control: bool = False,
+                gpu_index: int = 0, allow_power_limit: bool = False) -> Device:
+    """The device backend named by `backend`; allow_clock_control and allow_power_limit
+    choose the nvml backend's control axis (read-only without either)."""
+    if allow_power_limit and backend != "nvml":
+        raise DeviceError(f"--allow-power-limit applies to the nvml backend only, not to {backend!r}")
     if backend.startswith("sim:"):
         from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
 
@@ -35,7 +39,7 @@ def make_device(backend: str, device_id: str, sysfs_root: Path | None = None, al
     if backend == "nvml":
         from edgetrain.common.devices.nvml import NvmlDevice
 
-        return NvmlDevice(index=gpu_index, allow_clock_control=allow_clock_control)
+        return NvmlDevice(index=gpu_index, allow_clock_control=allow_clock_control, allow_power_limit=allow_power_limit)
     raise DeviceError(f"backend: unknown backend {backend!r}; use one of: {BACKENDS}")
 
 
@@ -48,7 +52,8 @@ def device_info(device_id: str, device: Device) -> DeviceInfo:
         memory_bytes=device.memory_bytes,
         simulated=device.simulated,
         power_envelope_w=device.power_envelope_w,
-        software=software_versions() | getattr(device, "software", {}),
+        software=software_versions() | device.software,
+        control=device.control,
         hostname=socket.gethostname(),
     )
 

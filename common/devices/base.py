@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
 
+from ..control_axis import ClockObservation, ControlAxis
+
 
 class DeviceError(RuntimeError):
     """A device operation failed; the message says what is needed to fix it."""
@@ -37,7 +39,8 @@ class Measurement:
     """A measured region of `steps` training steps of `batch_size` samples.
 
     elapsed_s: device time (s); energy_j: board energy (J); peak_power_w / mean_power_w:
-    board power (W); simulated: the figures come from a twin, not from hardware.
+    board power (W); simulated: the figures come from a twin, not from hardware;
+    clock: the GPU clock observed while the steps ran (None when it could not be read).
     """
 
     steps: int
@@ -47,19 +50,28 @@ class Measurement:
     peak_power_w: float
     mean_power_w: float
     simulated: bool
+    clock: ClockObservation | None = None
 
 
 @runtime_checkable
 class Device(Protocol):
-    """A GPU whose frequency edgetrain pins while it measures training steps."""
+    """A GPU that edgetrain sets to one value of its control axis while it measures
+    training steps.
+
+    `control` names the axis (see edgetrain.common.control_axis): the values of
+    `frequencies_hz` and the argument of `set_frequency` are settings on that axis, in its
+    unit (locked clocks in Hz, power limits in mW, or the single driver's-choice setting 0).
+    `current_frequency` is always the GPU clock now, in Hz.
+    """
 
     device_type: str
     backend: str
     simulated: bool
+    control: ControlAxis
 
     @property
     def frequencies_hz(self) -> list[int]:
-        """Supported GPU frequencies, ascending (Hz)."""
+        """The settings of the control axis, ascending (Hz for locked clocks)."""
 
     @property
     def memory_bytes(self) -> int:
@@ -67,13 +79,18 @@ class Device(Protocol):
 
     @property
     def power_envelope_w(self) -> list[float] | None:
-        """Model-agnostic full-load board power per frequency (W), if known."""
+        """Model-agnostic full-load board power per setting (W), if known."""
+
+    @property
+    def software(self) -> dict[str, str]:
+        """What the device's tables are made with beyond edgetrain and torch (driver,
+        L4T release, twin spec version); a table is reused only where these match."""
 
     def set_frequency(self, frequency_hz: int) -> None:
-        """Pin the GPU to one frequency (Hz)."""
+        """Apply one setting of the control axis (Hz for locked clocks)."""
 
     def current_frequency(self) -> int:
-        """The GPU frequency now (Hz)."""
+        """The GPU clock now (Hz)."""
 
     def read_power_w(self) -> float:
         """Board power now (W)."""
@@ -85,7 +102,7 @@ class Device(Protocol):
         """Whether a step of this batch size fits in memory; None = only trying tells."""
 
     def run_steps(self, step: Callable[[], None], batch_size: int, steps: int) -> Measurement:
-        """Run `step` `steps` times and measure time, energy and peak power."""
+        """Run `step` `steps` times and measure time, energy, peak power and the clock."""
 
     def restore(self) -> None:
-        """Put the original frequency settings back."""
+        """Put the original settings (clocks, power limit) back."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from edgetrain.common.control_axis import ControlAxis
 from edgetrain.common.devices.base import Measurement, Workload
 from edgetrain.common.schemas import ProfileTable
 
@@ -13,6 +14,7 @@ class RecordedDevice:
     frequency f takes T[b][f] * b / N_s seconds at peak power P[b][f] (SIMULATED figures)."""
 
     device_type, backend, simulated = "recorded", "recorded", True
+    control = ControlAxis.GPU_CLOCK_HZ
     power_envelope_w: list[float] | None = None
     memory_bytes = 1
     software: dict[str, str] = {}

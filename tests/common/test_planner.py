@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import pytest
 
+from edgetrain.common.control_axis import ControlAxis
 from edgetrain.common.jobs import DevicePart, PartState
 from edgetrain.common.keys import table_id, vector_key
 from edgetrain.common.planner import Fail, FineTune, PartView, Prepare, Wait, plan
@@ -84,6 +85,7 @@ def test_a_vector_without_a_table_profiles_only() -> None:
         (table(produced_by={"edgetrain": "1", "torch": "1.10"}), {}, "made by other software"),
         (table(mode="staircase", power_cap_w=4.0), {}, "staircase table for cap 4.0 W, not 5.0 W"),
         (table(), {"not_before": utc_now() + timedelta(seconds=5)}, "force"),
+        (table(control=ControlAxis.POWER_LIMIT_MW), {}, "made on the power_limit_mw axis, the device uses gpu_clock_hz"),
     ],
 )
 def test_a_stale_table_is_profiled_again_with_the_reason(stale_table, changes, words) -> None:

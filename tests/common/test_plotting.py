@@ -6,7 +6,7 @@ from matplotlib.image import imread
 from edgetrain.common.plotting import DPI, describe_selection, figure_size_in, plot_profile
 from edgetrain.common.schemas import ProfileTable, RelationVector
 from edgetrain.common.selection import highest_feasible_index
-from tests.common.test_selection import B, random_monotone_table
+from edgetrain.common.testing.tables import B, random_monotone_table
 
 VECTOR = RelationVector(batch_sizes=B, ratios=[0.4, 0.5, 0.6, 0.7, 0.8, 1.0])
 

@@ -7,10 +7,10 @@ from typing import Callable
 
 import pytest
 
+from edgetrain.common.control_axis import ControlAxis
 from edgetrain.common.devices.base import Device, DeviceError, DevicePermissionError
-from edgetrain.common.devices.jetson import JetsonDevice, SysfsIO, format_inspect, inspect
-
-from .fake_sysfs import (
+from edgetrain.common.devices.jetson import JetsonDevice, SysfsIO, inspect
+from edgetrain.common.testing.fake_sysfs import (
     NANO_FREQS,
     ORIN_NANO_FREQS,
     TX2_FREQS,
@@ -23,6 +23,7 @@ from .fake_sysfs import (
     build_orin_nano,
     build_tx2_nx,
 )
+from edgetrain.workers.device_cli import format_jetson
 
 BOARDS: dict[str, Callable[..., FakeBoard]] = {"nano": build_nano, "tx2-nx": build_tx2_nx, "orin-nano": build_orin_nano}
 # family, devfreq entry, frequencies (Hz), rails, total power (W), memory (bytes)
@@ -43,6 +44,7 @@ def test_discovery(board: str, tmp_path: Path) -> None:
     device = JetsonDevice(sysfs_root=tmp_path)
     assert isinstance(device, Device)
     assert (device.device_type, device.backend, device.simulated) == (family, "jetson", False)
+    assert device.control is ControlAxis.GPU_CLOCK_HZ
     assert device.devfreq.name == entry and device.devfreq.resolve() == fake.devfreq.resolve()
     assert device.frequencies_hz == freqs
     assert device.current_frequency() == freqs[-1]
@@ -197,6 +199,24 @@ def test_run_steps_measures_time_and_board_power(tmp_path: Path) -> None:
     assert m.elapsed_s >= 0.1
     assert m.peak_power_w == pytest.approx(4.8) and m.mean_power_w == pytest.approx(4.8)
     assert m.energy_j == pytest.approx(4.8 * m.elapsed_s)
+    assert m.clock is not None and (m.clock.min_hz, m.clock.max_hz) == (NANO_FREQS[-1], NANO_FREQS[-1])
+    assert m.clock.samples >= 2  # read with every power sample
+
+
+def test_run_steps_records_a_clock_held_below_the_pinned_one(tmp_path: Path) -> None:
+    """A thermal or power-mode cap that lowers cur_freq while steps run shows in the
+    observed clock, not just the pinned one."""
+    fake = build_nano(tmp_path)
+    device = JetsonDevice(sysfs_root=tmp_path, io=KernelRulesIO())
+    device.set_frequency(NANO_FREQS[-1])
+
+    def throttled_step() -> None:
+        fake.write("cur_freq", NANO_FREQS[7])
+        time.sleep(0.06)
+
+    m = device.run_steps(throttled_step, batch_size=8, steps=3)
+    assert m.clock is not None and m.clock.min_hz == NANO_FREQS[7] and m.clock.max_hz == NANO_FREQS[-1]
+    assert NANO_FREQS[7] < m.clock.mean_hz < NANO_FREQS[-1]
 
 
 @pytest.mark.parametrize("board", BOARDS)
@@ -214,7 +234,7 @@ def test_inspect(board: str, tmp_path: Path) -> None:
     assert [r["power_w"] for r in info["rails"]] == pytest.approx([fake.rails_w[r] for r in rails])
     assert info["total_rail"] == rails[0] and info["total_power_w"] == pytest.approx(total_w)
 
-    text = format_inspect(info)
+    text = format_jetson(info)
     assert family in text and entry in text and "nvhost_podgov" in text
     assert f"{freqs[-1] / 1e6:g} MHz now" in text and f"({len(freqs)})" in text
     assert f"{total_w:.3f} W (rail {rails[0]})" in text
@@ -225,12 +245,12 @@ def test_inspect_without_a_total_rail_or_any_rail(tmp_path: Path) -> None:
     build_agx_orin(tmp_path / "agx")
     info = inspect(tmp_path / "agx")
     assert info["total_rail"] is None and info["total_power_w"] == pytest.approx(16.5)
-    assert "16.500 W (sum of rails)" in format_inspect(info)
+    assert "16.500 W (sum of rails)" in format_jetson(info)
 
     build_board(tmp_path / "bare", "sys/devices/57000000.gpu", "57000000.gpu", "gpu", NANO_FREQS, [], model=None)
     info = inspect(tmp_path / "bare")
     assert info["rails"] == [] and info["total_power_w"] is None
-    assert "no INA3221 power monitor found" in format_inspect(info)
+    assert "no INA3221 power monitor found" in format_jetson(info)
 
 
 def test_l4t_release_is_reported_for_tables(tmp_path) -> None:
@@ -239,3 +259,14 @@ def test_l4t_release_is_reported_for_tables(tmp_path) -> None:
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc/nv_tegra_release").write_text("# R32 (release), REVISION: 7.1, GCID: 29818004, BOARD: t210ref, EABI: aarch64\n")
     assert JetsonDevice(tmp_path).software == {"l4t": "R32.7.1"}
+
+
+def test_the_worker_process_restores_what_its_pool_child_pinned(tmp_path: Path) -> None:
+    fake = build_nano(tmp_path)
+    original = fake.settings()
+    parent = JetsonDevice(sysfs_root=tmp_path, io=KernelRulesIO())  # opened before the pool forks
+    child = JetsonDevice(sysfs_root=tmp_path, io=KernelRulesIO())  # stands in for the forked copy
+    child.set_frequency(NANO_FREQS[2])  # ... which dies while pinned
+    assert fake.settings() != original
+    parent.restore()
+    assert fake.settings() == original

@@ -1,8 +1,10 @@
 import pytest
 import yaml
 
-from edgetrain.common.devices.base import DeviceError, Device
-from edgetrain.common.devices.simulated import SimulatedDevice, StepModel, TwinSpec, builtin_twins, load_twin
+from edgetrain.common.devices.base import Device, DeviceError
+from edgetrain.common.devices.simulated import SimulatedDevice
+from edgetrain.common.devices.step_model import StepModel
+from edgetrain.common.devices.twin_spec import TwinSpec, builtin_twins, load_twin
 from edgetrain.common.models import build_model, get_model
 from edgetrain.common.profiling import profile
 from edgetrain.common.schemas import LearningRatePolicy, ProfilingOptions
@@ -130,3 +132,44 @@ def test_profiling_a_noisy_twin_stores_power_non_decreasing_in_frequency() -> No
         assert row == sorted(row)
     for row in table.time_s:
         assert row[0] > row[-1]  # faster at the highest frequency
+
+
+@pytest.fixture(scope="module")
+def mobilenet_v2():
+    return workload("mobilenet_v2")
+
+
+def test_memory_bound_steps_stop_speeding_up_with_the_clock(resnet18, mobilenet_v2) -> None:
+    """DRAM traffic runs at the EMC clock: once it outlasts the compute, a higher GPU clock
+    gains nothing; ResNet18 at b=128 stays compute-bound on the Nano."""
+    spec = load_twin("jetson-nano")
+    top, below, low = spec.frequencies_hz[-1], spec.frequencies_hz[-2], spec.frequencies_hz[2]
+    mobile = StepModel(spec, mobilenet_v2)
+    assert mobile.memory_s(128) > mobile.times_s(128, top)[1]
+    assert mobile.step(128, top)[0] == mobile.step(128, below)[0]
+    assert mobile.step(128, low)[0] > mobile.step(128, top)[0]
+    resnet = StepModel(spec, resnet18)
+    assert resnet.memory_s(128) < resnet.times_s(128, top)[1] and resnet.step(128, below)[0] > resnet.step(128, top)[0]
+    without = StepModel(spec.model_copy(update={"memory_bandwidth_bytes_per_s": None}), mobilenet_v2)
+    assert without.memory_s(128) == 0.0 and without.step(128, below)[0] > without.step(128, top)[0]
+
+
+def test_a_twin_reports_its_spec_version_and_the_clock_it_ran(resnet18) -> None:
+    spec = load_twin("jetson-tx2-nx")
+    device = SimulatedDevice(spec)
+    assert device.control.value == "gpu_clock_hz"
+    assert device.software == SimulatedDevice(load_twin("jetson-tx2-nx"), seed=5).software
+    assert device.software != SimulatedDevice(spec.model_copy(update={"idle_power_w": 3.5})).software
+    device.bind_workload(resnet18)
+    device.set_frequency(spec.frequencies_hz[3])
+    m = device.run_steps(lambda: None, 16, 2)
+    assert m.clock is not None and m.clock.mean_hz == m.clock.min_hz == m.clock.max_hz == spec.frequencies_hz[3]
+
+
+def test_rails_and_power_modes_are_checked() -> None:
+    spec = load_twin("jetson-orin-nano").model_dump()
+    with pytest.raises(ValueError, match="total_rail 'VDD_GPU' must be one of power_rails"):
+        TwinSpec.model_validate(spec | {"total_rail": "VDD_GPU"})
+    low_mode = {"name": "1W", "gpu_max_frequency_hz": 100_000_000, "budget_w": 1.0}
+    with pytest.raises(ValueError, match=r"power_modes \['1W'\]: gpu_max_frequency_hz is below"):
+        TwinSpec.model_validate(spec | {"power_modes": [low_mode]})

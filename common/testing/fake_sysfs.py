@@ -1,6 +1,7 @@
-"""Fake Jetson sysfs trees in a temporary folder, laid out as on the boards (facts/hardware.md):
-devfreq directories linked from sys/class/devfreq, INA3221 chips linked from
-sys/bus/i2c/devices, with a distracting non-GPU devfreq entry and a non-INA3221 chip.
+"""Fake Jetson sysfs trees in a temporary folder, laid out as on the boards: devfreq
+directories linked from sys/class/devfreq, INA3221 chips linked from sys/bus/i2c/devices,
+with a distracting non-GPU devfreq entry and a non-INA3221 chip. The GPU frequency lists
+are those of the built-in twins (each cites the L4T release it comes from).
 
 Plain files cannot refuse a write, so KernelRulesIO applies the devfreq rules the kernel
 enforces; the backend does all sysfs I/O through such an object.
@@ -14,14 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgetrain.common.devices.jetson import SysfsIO
+from edgetrain.common.devices.twin_spec import builtin_twins
 
-NANO_FREQS = [76800000, 153600000, 230400000, 307200000, 384000000, 460800000, 537600000, 614400000,
-              691200000, 768000000, 844800000, 921600000]
-TX2_FREQS = [114750000, 216750000, 318750000, 420750000, 522750000, 624750000, 726750000, 828750000,
-             930750000, 1032750000, 1134750000, 1236750000, 1300500000]
-# Orin runs on the TX2 grid (the AGX Orin nvpmodel caps 420.75/624.75/828.75 MHz); Orin Nano tops at 624.75 MHz.
-ORIN_NANO_FREQS = TX2_FREQS[:6]
-AGX_ORIN_FREQS = TX2_FREQS
+_TWINS = builtin_twins()
+NANO_FREQS = _TWINS["jetson-nano"].frequencies_hz
+TX2_FREQS = _TWINS["jetson-tx2-nx"].frequencies_hz
+ORIN_NANO_FREQS = _TWINS["jetson-orin-nano"].frequencies_hz
+AGX_ORIN_FREQS = _TWINS["jetson-agx-orin"].frequencies_hz
 
 
 @dataclass(frozen=True)
