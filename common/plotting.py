@@ -36,7 +36,7 @@ DPI = 110
 
 def unit_vector(table: ProfileTable) -> RelationVector:
     """r_b = 1 for every batch size: selection by the time for N_s samples alone."""
-    return RelationVector(batch_sizes=table.batch_sizes, ratios=[1.0] * len(table.batch_sizes))
+    return RelationVector.uniform(table.batch_sizes)
 
 
 def _fits(table: ProfileTable) -> list[bool]:

@@ -210,7 +210,11 @@ class RelationVector(Strict):
     samples_mean: list[float | None] | None = Field(None, description="N_b, mean over seeds (samples)")
     samples_std: list[float | None] | None = Field(None, description="N_b, standard deviation over seeds (samples)")
     censored: list[bool] | None = None
-    resolution_samples: int | None = Field(None, description="how finely N_b is known (samples)")
+    resolution_samples: int | None = Field(
+        None,
+        description="the widest interval between the two evaluations that bracket a crossing of the target "
+        "accuracy, over every batch size and seed (samples): each N_b is interpolated inside such an interval",
+    )
     key: str | None = None
     reference_batch_size: int | None = Field(None, description="b_max: the largest batch size that reached the target")
     request: EstimationRequest | None = Field(None, description="what the vector was estimated from")
@@ -221,13 +225,42 @@ class RelationVector(Strict):
             raise ValueError("ratios must have one value per batch size")
         return self
 
+    @classmethod
+    def uniform(cls, batch_sizes: list[int]) -> "RelationVector":
+        """r_b = 1 for every batch size: no batch size censored, none preferred."""
+        return cls(batch_sizes=batch_sizes, ratios=[1.0] * len(batch_sizes))
+
+    def _at(self, values: list[float | None] | None, batch_size: int) -> float | None:
+        if values is None or batch_size not in self.batch_sizes:
+            return None
+        return values[self.batch_sizes.index(batch_size)]
+
     def ratio(self, batch_size: int) -> float | None:
-        return self.ratios[self.batch_sizes.index(batch_size)] if batch_size in self.batch_sizes else None
+        return self._at(self.ratios, batch_size)
 
     def samples_for(self, batch_size: int) -> float | None:
-        if self.samples_mean is None or batch_size not in self.batch_sizes:
-            return None
-        return self.samples_mean[self.batch_sizes.index(batch_size)]
+        """N_b, mean over seeds (samples); None when censored or not recorded."""
+        return self._at(self.samples_mean, batch_size)
+
+    def samples_std_for(self, batch_size: int) -> float | None:
+        """N_b, standard deviation over seeds (samples); None when censored or not recorded."""
+        return self._at(self.samples_std, batch_size)
+
+
+class AccuracyBracket(Strict):
+    """The two evaluations around the first crossing of the target accuracy: the last one
+    below the target and the first one at or above it (samples processed, test accuracy).
+    Both are the evaluation before training when that one already meets the target."""
+
+    before_samples: int = Field(ge=0)
+    before_accuracy: float
+    after_samples: int = Field(ge=0)
+    after_accuracy: float
+
+    @property
+    def width_samples(self) -> int:
+        """How far apart the two evaluations are (samples): N_b lies between them."""
+        return self.after_samples - self.before_samples
 
 
 class TrainingOutcome(Strict):
@@ -235,7 +268,11 @@ class TrainingOutcome(Strict):
 
     batch_size: int
     seed: int
-    samples_to_accuracy: int | None  # None = censored
+    samples_to_accuracy: int | None = Field(
+        description="N_b: where the test accuracy first reaches the target, interpolated linearly between "
+        "the evaluations in `bracket` and rounded to a whole sample; None = censored (never reached)"
+    )
+    bracket: AccuracyBracket | None = Field(None, description="the evaluations around the crossing; None = censored")
     reached: bool
     final_accuracy: float
     samples_processed: int
