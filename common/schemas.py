@@ -19,6 +19,14 @@ def utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def sorted_powers_of_two(batch_sizes: list[int]) -> list[int]:
+    """The batch sizes sorted without repeats; ValueError unless each is a power of two."""
+    bad = [b for b in batch_sizes if b < 1 or b & (b - 1)]
+    if bad:
+        raise ValueError(f"batch sizes must be powers of two (1, 2, 4, ...), got {bad}")
+    return sorted(set(batch_sizes))
+
+
 class Strict(BaseModel):
     """Base for records: unknown fields are errors, so a typo is named, not ignored."""
 
@@ -86,10 +94,7 @@ class JobSpec(Strict):
     @field_validator("batch_sizes")
     @classmethod
     def _powers_of_two(cls, value: list[int]) -> list[int]:
-        bad = [b for b in value if b < 1 or b & (b - 1)]
-        if bad:
-            raise ValueError(f"batch sizes must be powers of two (1, 2, 4, ...), got {bad}")
-        return sorted(set(value))
+        return sorted_powers_of_two(value)
 
     @field_validator("seeds")
     @classmethod
