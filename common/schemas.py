@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 PAPER_BATCH_SIZES = [4, 8, 16, 32, 64, 128]
@@ -19,12 +19,16 @@ def utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def sorted_powers_of_two(batch_sizes: list[int]) -> list[int]:
+def _sorted_powers_of_two(batch_sizes: list[int]) -> list[int]:
     """The batch sizes sorted without repeats; ValueError unless each is a power of two."""
     bad = [b for b in batch_sizes if b < 1 or b & (b - 1)]
     if bad:
         raise ValueError(f"batch sizes must be powers of two (1, 2, 4, ...), got {bad}")
     return sorted(set(batch_sizes))
+
+
+BatchSizes = Annotated[list[int], AfterValidator(_sorted_powers_of_two)]  # sorted powers of two, each once
+Seeds = Annotated[list[int], AfterValidator(lambda seeds: sorted(set(seeds)))]  # sorted, each once
 
 
 class Strict(BaseModel):
@@ -84,22 +88,12 @@ class JobSpec(Strict):
     proxy_dataset: DatasetRef
     target_accuracy: float = Field(gt=0, lt=1)
     devices: list[DeviceTarget] = Field(min_length=1)
-    batch_sizes: list[int] = Field(default_factory=lambda: list(PAPER_BATCH_SIZES), min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    batch_sizes: BatchSizes = Field(default_factory=lambda: list(PAPER_BATCH_SIZES), min_length=1)
+    seeds: Seeds = Field(default_factory=lambda: [0], min_length=1)
     lr: LearningRatePolicy = Field(default_factory=LearningRatePolicy)
     eval_every_samples: int = Field(512, gt=0, description="accuracy is checked this often")
     max_samples: int = Field(200_000, gt=0, description="budget; a run that has not reached the target by then is censored")
     profiling: ProfilingOptions = Field(default_factory=ProfilingOptions)
-
-    @field_validator("batch_sizes")
-    @classmethod
-    def _powers_of_two(cls, value: list[int]) -> list[int]:
-        return sorted_powers_of_two(value)
-
-    @field_validator("seeds")
-    @classmethod
-    def _unique_seeds(cls, value: list[int]) -> list[int]:
-        return sorted(set(value))
 
     @model_validator(mode="after")
     def _unique_devices(self) -> "JobSpec":

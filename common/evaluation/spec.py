@@ -21,8 +21,9 @@ from ..schemas import (
     EstimationRequest,
     LearningRatePolicy,
     ProfilingOptions,
+    BatchSizes,
+    Seeds,
     Strict,
-    sorted_powers_of_two,
 )
 
 INIT_WEIGHTS = re.compile(r"^init:(\d+)$")
@@ -110,8 +111,8 @@ class EvaluationSpec(Strict):
     proxy: DatasetGoal
     targets: list[DatasetGoal] = Field(min_length=1)
     devices: list[EvaluatedDevice] = Field(min_length=1)
-    batch_sizes: list[int] = Field(default_factory=lambda: list(PAPER_BATCH_SIZES), min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    batch_sizes: BatchSizes = Field(default_factory=lambda: list(PAPER_BATCH_SIZES), min_length=1)
+    seeds: Seeds = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     lr: LearningRatePolicy = Field(default_factory=LearningRatePolicy)
     eval_every_samples: int = Field(512, gt=0, description="accuracy is checked this often; N_b is interpolated")
     max_samples: int = Field(200_000, gt=0, description="budget per run; a run short of its target by then is censored")
@@ -125,16 +126,6 @@ class EvaluationSpec(Strict):
         if value not in model_names() and ":" not in value:
             raise ValueError(f"unknown model {value!r}; registered: {model_names()} or 'package.module:factory'")
         return value
-
-    @field_validator("batch_sizes")
-    @classmethod
-    def _powers_of_two(cls, value: list[int]) -> list[int]:
-        return sorted_powers_of_two(value)
-
-    @field_validator("seeds")
-    @classmethod
-    def _unique_seeds(cls, value: list[int]) -> list[int]:
-        return sorted(set(value))
 
     @model_validator(mode="after")
     def _consistent(self) -> "EvaluationSpec":
