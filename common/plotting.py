@@ -9,6 +9,7 @@ row's highest feasible frequency f*_b from the next one.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -162,7 +163,7 @@ def cap_text(power_cap_w: float | None) -> str:
     return f"power cap {power_cap_w:g} W" if power_cap_w is not None else "no power cap"
 
 
-def profile_legend(fig: Figure, table: ProfileTable, power_cap_w: float | None, marks: list[Artist]) -> None:
+def profile_legend(fig: Figure, table: ProfileTable, power_cap_w: float | None, marks: Sequence[Artist]) -> None:
     """The legend under a profile figure: `marks` (what is marked on the cells), then the
     cells' meanings that apply (unmeasured, cap boundary, over the cap, does not fit)."""
     handles = [*marks, Patch(facecolor=UNMEASURED, label="not measured")]

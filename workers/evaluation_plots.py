@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -15,6 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.image import AxesImage
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
@@ -101,7 +103,7 @@ def plot_time_energy(rows: list[EvaluationRow], path: str | Path, title: str | N
     fig.savefig(path, dpi=DPI)
 
 
-def _sensitivity_panel(ax: Axes, matrix: SensitivityMatrix, norm: Normalize) -> matplotlib.image.AxesImage:
+def _sensitivity_panel(ax: Axes, matrix: SensitivityMatrix, norm: Normalize) -> AxesImage:
     """Proxies (rows) by targets (columns), Baseline 1 in a row of its own at the bottom."""
     n = len(matrix.datasets)
     values = [*matrix.edgetrain_over_oracle_pct, matrix.baseline1_over_oracle_pct]
@@ -134,12 +136,10 @@ def plot_sensitivity(matrices: list[SensitivityMatrix], path: str | Path, title:
     axes = fig.subplots(lines, columns, squeeze=False).ravel()
     finite = [v for m in matrices for line in m.edgetrain_over_oracle_pct for v in line if v is not None]
     norm = Normalize(0.0, max([*finite, 10.0]), clip=True)
-    image = None
-    for ax, matrix in zip(axes, matrices):
-        image = _sensitivity_panel(ax, matrix, norm)
+    images = [_sensitivity_panel(ax, matrix, norm) for ax, matrix in zip(axes, matrices)]
     for ax in axes[len(matrices):]:
         ax.set_visible(False)
-    fig.colorbar(image, ax=list(axes[: len(matrices)]), label="% time to accuracy over the oracle", shrink=0.8, extend="max")
+    fig.colorbar(images[0], ax=list(axes[: len(matrices)]), label="% time to accuracy over the oracle", shrink=0.8, extend="max")
     simulated = any(m.simulated for m in matrices)
     fig.suptitle(f"{title or 'proxy sensitivity'}: % more time to the target than the oracle (grey: not reached)"
                  f"{_simulated_suffix(simulated)}", fontsize=10)  # fmt: skip
@@ -154,7 +154,7 @@ def plot_choices(table: ProfileTable, row: EvaluationRow, path: str | Path) -> N
     fig, axes = profile_figure(table, row.power_cap_w, title)
     handles = []
     for name, method in chosen.items():
-        style = {"marker": MARKERS[name], "color": COLOURS[name], "markeredgecolor": "black", "markersize": 9, "linestyle": "none"}
+        style: dict[str, Any] = {"marker": MARKERS[name], "color": COLOURS[name], "markeredgecolor": "black", "markersize": 9, "linestyle": "none"}
         label = LABELS[name] if method.reached else f"{LABELS[name]} ({'not reached' if method.batch_size else 'none under the cap'})"
         handles.append(Line2D([], [], label=label, **style))
         if method.batch_size is None or method.frequency_hz is None:

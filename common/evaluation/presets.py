@@ -12,7 +12,7 @@ quick (small CNN on 1x28x28, the data that ships with the install or `edgetrain 
 
 paper (the protocol of Ahmed et al., "Accelerated Training on Low-Power Edge Devices",
 TMLR 2025, section 5): ResNet18 and MobileNetV2 at 3x32x32, pre-trained on CIFAR-100, proxy
-12500 CIFAR-10 images, target a quarter of SVHN's training split (18315 images), the paper's
+12500 CIFAR-10 images, target 18315 SVHN images (a quarter of its training split's size), the paper's
 target accuracies, batch sizes 4..128, 5 seeds, Adam at 5e-4 for b = 128 with square-root
 scaling. CIFAR-10/100 and SVHN are read by torchvision from local files (`edgetrain data
 status` says where). CINIC-10 has no registry entry: add it as a target with
@@ -34,7 +34,7 @@ TWINS = [
 ]
 QUICK_RUNS = {"batch_sizes": [4, 8, 16, 32, 64, 128], "seeds": [0, 1, 2], "eval_every_samples": 256, "max_samples": 40_000}
 CIFAR10_PROXY_FRACTION = 12_500 / 60_000  # the registry joins CIFAR-10's splits: 60000 images
-SVHN_QUARTER_FRACTION = 18_315 / 99_289  # a quarter of the 73257 training images, of 99289 joined
+SVHN_QUARTER_FRACTION = 18_315 / 99_289  # a quarter of 73257 training images, drawn from the 99289 of both splits
 PAPER_RUNS = {
     "batch_sizes": [4, 8, 16, 32, 64, 128], "seeds": [0, 1, 2, 3, 4], "eval_every_samples": 1024, "max_samples": 1_000_000,
     "lr": {"optimizer": "adam", "lr_ref": 5e-4, "b_ref": 128, "rule": "sqrt"},

@@ -4,8 +4,8 @@ power caps, the batch sizes and the seeds.
 
 Every dataset is trained to its own target accuracy with every batch size and seed, on the
 server pool: the proxy's N_b give edgetrain's relation vector, each target's N_b give the
-oracle and the achieved times of every method (N_b depends on the data and the weights, not
-on the device). Each device type is profiled once (grid by default: one table serves every cap).
+oracle and every method's time to accuracy (N_b depends on the data and the weights, not on
+the device). Each device type is profiled once (grid by default: one table serves every cap).
 """
 
 from __future__ import annotations
@@ -14,14 +14,18 @@ import re
 
 from pydantic import Field, PositiveFloat, field_validator, model_validator
 
+from ..datasets.registry import USER_DATA, dataset_task
+from ..devices.base import DeviceError
+from ..devices.simulated import load_twin
+from ..models import get_model, model_names
 from ..schemas import (
     ID_PATTERN,
     PAPER_BATCH_SIZES,
+    BatchSizes,
     DatasetRef,
     EstimationRequest,
     LearningRatePolicy,
     ProfilingOptions,
-    BatchSizes,
     Seeds,
     Strict,
 )
@@ -48,9 +52,9 @@ class DatasetGoal(Strict):
     @field_validator("dataset")
     @classmethod
     def _registered(cls, value: DatasetRef) -> DatasetRef:
-        from ..datasets import dataset_task  # the registry imports torch: only when a spec is checked
-
         dataset_task(value.name)
+        if value.name in USER_DATA and value.path is None:
+            raise ValueError(f"path: dataset {value.name!r} reads your own data: give its path")
         return value
 
     @property
@@ -72,9 +76,6 @@ class EvaluatedDevice(Strict):
     @field_validator("twin")
     @classmethod
     def _known_twin(cls, value: str | None) -> str | None:
-        from ..devices.base import DeviceError
-        from ..devices.simulated import load_twin
-
         if value is not None:
             try:
                 load_twin(value)
@@ -121,8 +122,6 @@ class EvaluationSpec(Strict):
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        from ..models import model_names
-
         if value not in model_names() and ":" not in value:
             raise ValueError(f"unknown model {value!r}; registered: {model_names()} or 'package.module:factory'")
         return value
@@ -147,9 +146,6 @@ class EvaluationSpec(Strict):
 
     def _check_tasks(self) -> None:
         """Every dataset must be of the model's task (image or text)."""
-        from ..datasets import dataset_task
-        from ..models import get_model
-
         task = get_model(self.model).task if ":" not in self.model else dataset_task(self.proxy.dataset.name)
         named = [("proxy", self.proxy.dataset)] + [(f"targets.{k}", t.dataset) for k, t in enumerate(self.targets)]
         if self.pretrain is not None:

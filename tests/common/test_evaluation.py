@@ -12,7 +12,7 @@ from edgetrain.common.evaluation import (
     sensitivity_matrix,
 )
 from edgetrain.common.schemas import ProfileTable, RelationVector
-from tests.common.test_selection import B, F, random_monotone_table
+from edgetrain.common.testing.tables import B, F, random_monotone_table
 
 MHZ = 1_000_000
 # A hand-made lookup table for N_s = 1000 samples: T (s), peak P (W), E (J).

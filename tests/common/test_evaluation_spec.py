@@ -65,6 +65,7 @@ def test_estimation_requests_measure_each_dataset_from_the_pretrained_weights() 
         (changed("targets", []), "targets", "at least 1 item"),
         (changed("proxy.target_accuracy", 1.2), "proxy.target_accuracy", "less than 1"),
         (changed("targets.0.dataset.name", "cifar11"), "targets.0.dataset", "unknown dataset 'cifar11'"),
+        (changed("targets.0.dataset", {"name": "imagefolder"}), "targets.0.dataset", "path: dataset 'imagefolder' reads your own data"),
         (changed("targets.0.dataset", {"name": "austen"}), "", "targets.0.dataset: 'austen' is a text dataset, model 'smallcnn' needs image data"),
         (changed("devices.0.power_caps_w.1", -5), "devices.0.power_caps_w.1", "greater than 0"),
         (changed("devices.0.power_caps_w", [5.0, 5.0]), "devices.0.power_caps_w", "each power cap may appear once"),
