@@ -23,12 +23,25 @@ def train_proxy(request: EstimationRequest, batch_size: int, seed: int) -> Train
     model = initial_model(request.model, request.weights, data.num_classes)
     trainer = Trainer(model, make_optimizer(model, request.lr, batch_size), batch_size, data.train, data.test, seed)
     outcome, _ = train_to_accuracy(trainer, request.target_accuracy, request.eval_every_samples, request.max_samples, seed)
+    if outcome.samples_to_accuracy == 0:
+        raise ValueError(
+            f"target_accuracy: {request.proxy_dataset.name} is at {outcome.final_accuracy:.4f} before any training, "
+            f"already at or above the target {request.target_accuracy}: N_b is 0 for every batch size, so there is "
+            "nothing to choose; set a higher target accuracy"
+        )
     return outcome
 
 
+def resolution_samples(request: EstimationRequest, outcomes: list[TrainingOutcome]) -> int | None:
+    """The widest bracket around a crossing over the runs that reached the target (samples);
+    a run recorded without its bracket counts with the evaluation interval. None if none reached."""
+    widths = [o.bracket.width_samples if o.bracket else request.eval_every_samples for o in outcomes if o.reached]
+    return max(widths, default=None)
+
+
 def aggregate(request: EstimationRequest, outcomes: list[TrainingOutcome]) -> RelationVector:
-    """N_b as mean and std over seeds; a batch size censored in any seed is censored, and
-    the reference is the largest batch size that reached the target."""
+    """N_b (interpolated per run) as mean and std over seeds; a batch size censored in any
+    seed is censored, and the reference is the largest batch size that reached the target."""
     means: list[float | None] = []
     stds: list[float | None] = []
     censored: list[bool] = []
@@ -50,7 +63,7 @@ def aggregate(request: EstimationRequest, outcomes: list[TrainingOutcome]) -> Re
         samples_mean=means,
         samples_std=stds,
         censored=censored,
-        resolution_samples=request.eval_every_samples,
+        resolution_samples=resolution_samples(request, outcomes),
         key=vector_key(request),
         reference_batch_size=reference_b,
         request=request,

@@ -3,11 +3,12 @@ that sends a task and the code that runs it (task names and queues: tasks/contra
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from .models import Optimizer, get_model
 from .schemas import (
     PAPER_BATCH_SIZES,
+    BatchSizes,
     DatasetRef,
     DeviceInfo,
     DeviceTarget,
@@ -17,7 +18,6 @@ from .schemas import (
     ProfilingOptions,
     Selection,
     Strict,
-    checked_batch_sizes,
 )
 
 
@@ -31,10 +31,8 @@ class ProfileRequest(Strict):
     device_type: str
     owner: str = Field(description="who claimed the table's production: a job id, or the command that asked")
     model: str
-    batch_sizes: list[int] = Field(min_length=1)
+    batch_sizes: BatchSizes = Field(min_length=1)
     options: ProfilingOptions
-
-    _batch_sizes = field_validator("batch_sizes")(lambda cls, value: checked_batch_sizes(value))
     optimizer: Optimizer = Field(description="the optimizer whose step is timed: the model's own")
     power_cap_w: float | None = Field(None, gt=0, description="board power cap (W) a staircase profile is made for")
     merge: bool = Field(False, description="add the rows to the stored table instead of replacing it")

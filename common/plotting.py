@@ -9,10 +9,12 @@ row's highest feasible frequency f*_b from the next one.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
 import numpy as np
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm, Normalize
@@ -32,11 +34,6 @@ SELECTED = "#ff00ff"
 CELL_WIDTH_IN = 0.62
 ROW_HEIGHT_IN = 0.42
 DPI = 110
-
-
-def unit_vector(table: ProfileTable) -> RelationVector:
-    """r_b = 1 for every batch size: selection by the time for N_s samples alone."""
-    return RelationVector(batch_sizes=table.batch_sizes, ratios=[1.0] * len(table.batch_sizes))
 
 
 def _fits(table: ProfileTable) -> list[bool]:
@@ -113,23 +110,14 @@ def _mark_choice(ax: Axes, table: ProfileTable, choice: Selection) -> None:
 
 
 def _panel(
-    ax: Axes,
-    table: ProfileTable,
-    values: list[list[float | None]],
-    title: str,
-    fmt: str,
-    log: bool,
-    power_cap_w: float | None,
-    choice: Selection | None,
+    ax: Axes, table: ProfileTable, values: list[list[float | None]], title: str, fmt: str, log: bool, power_cap_w: float | None
 ) -> None:
-    """One heatmap with its annotations, memory limit, cap boundary and selection."""
+    """One heatmap with its annotations, memory limit and cap boundary."""
     data = _masked(values, _fits(table))
     _annotate(ax, data, _heatmap(ax, data, log), fmt)
     _mark_no_fit(ax, table)
     if power_cap_w is not None:
         _mark_cap(ax, table, power_cap_w)
-    if choice is not None:
-        _mark_choice(ax, table, choice)
     ax.set_xticks(range(len(table.frequencies_hz)), [f"{f / 1e6:g}" for f in table.frequencies_hz], rotation=45, ha="right", fontsize=8)
     ax.set_yticks(range(len(table.batch_sizes)), [str(b) for b in table.batch_sizes], fontsize=8)
     ax.set_xlabel("GPU frequency (MHz)")
@@ -144,7 +132,7 @@ def describe_selection(
     what was selected, or why nothing was, and with which vector."""
     note = "relation vector given" if vector is not None else "no relation vector: r_b = 1 for all b"
     try:
-        choice = Equation4(vector or unit_vector(table)).choose(table, power_cap_w)
+        choice = Equation4(vector or RelationVector.uniform(table.batch_sizes)).choose(table, power_cap_w)
     except SelectionError as exc:
         return None, f"no selection: {exc}; {note}"
     return choice, (
@@ -153,24 +141,27 @@ def describe_selection(
     )
 
 
-def _title(table: ProfileTable, power_cap_w: float | None, selection_note: str) -> str:
+def describe_table(table: ProfileTable) -> str:
+    """One line naming the table: device type, model, input, how it was profiled, b_mem, and
+    SIMULATED when a twin made it."""
     shape = "x".join(map(str, table.input_shape or [])) or "?"
     mode = f"staircase profile for cap {table.power_cap_w} W" if table.mode == "staircase" else "grid profile"
     total = len(table.batch_sizes) * len(table.frequencies_hz)
     simulated = "  |  SIMULATED (figures from a twin)" if table.simulated else ""
-    cap = f"power cap {power_cap_w:g} W" if power_cap_w is not None else "no power cap"
     return (
         f"{table.device_type or '?'}  |  {table.model or '?'}  |  input {shape}  |  {mode}  |  "
-        f"{table.measured_points()} of {total} points measured  |  b_mem = {table.max_batch_size}{simulated}\n"
-        f"{cap}; {selection_note}"
+        f"{table.measured_points()} of {total} points measured  |  b_mem = {table.max_batch_size}{simulated}"
     )
 
 
-def _legend(fig: Figure, table: ProfileTable, power_cap_w: float | None) -> None:
-    handles = [
-        Line2D([], [], marker="*", color=SELECTED, markeredgecolor="white", markersize=12, linestyle="none", label="selected (b, f*_b)"),
-        Patch(facecolor=UNMEASURED, label="not measured"),
-    ]  # fmt: skip
+def cap_text(power_cap_w: float | None) -> str:
+    return f"power cap {power_cap_w:g} W" if power_cap_w is not None else "no power cap"
+
+
+def profile_legend(fig: Figure, table: ProfileTable, power_cap_w: float | None, marks: Sequence[Artist]) -> None:
+    """The legend under a profile figure: `marks` (what is marked on the cells), then the
+    cells' meanings that apply (unmeasured, cap boundary, over the cap, does not fit)."""
+    handles = [*marks, Patch(facecolor=UNMEASURED, label="not measured")]
     if power_cap_w is not None:
         handles += [
             Line2D([], [], color=BOUNDARY, linewidth=2.5, label="cap boundary: f*_b on its left"),
@@ -187,18 +178,29 @@ def figure_size_in(table: ProfileTable) -> tuple[float, float]:
     return max(12.0, 2 * cols * CELL_WIDTH_IN + 3.0), max(4.5, rows * ROW_HEIGHT_IN + 2.6)
 
 
+def profile_figure(table: ProfileTable, power_cap_w: float | None, title: str) -> tuple[Figure, tuple[Axes, Axes]]:
+    """A figure with the peak power (W) and time for N_s samples (s) heatmaps of `table` and
+    the cap's feasible boundary, nothing selected yet; room at the bottom for the legend."""
+    fig = Figure(figsize=figure_size_in(table), layout="constrained")
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2)
+    fig.get_layout_engine().set(rect=(0, 0.06, 1, 0.94))
+    _panel(left, table, table.peak_power_w, "peak board power P[b][f] (W)", ".2f", False, power_cap_w)
+    _panel(right, table, table.time_s, f"time T[b][f] for N_s = {table.samples} samples (s)", ".3g", True, power_cap_w)
+    fig.suptitle(title, fontsize=10)
+    return fig, (left, right)
+
+
 def plot_profile(
     table: ProfileTable, path: str | Path, power_cap_w: float | None, vector: RelationVector | None
 ) -> None:
     """Write a PNG with the peak power (W) and time for N_s samples (s) heatmaps of `table`,
     the cap's feasible boundary and the selection of eq. (4) (r_b = 1 when `vector` is None)."""
     choice, selection_note = describe_selection(table, vector, power_cap_w)
-    fig = Figure(figsize=figure_size_in(table), layout="constrained")
-    FigureCanvasAgg(fig)
-    left, right = fig.subplots(1, 2)
-    fig.get_layout_engine().set(rect=(0, 0.06, 1, 0.94))
-    _panel(left, table, table.peak_power_w, "peak board power P[b][f] (W)", ".2f", False, power_cap_w, choice)
-    _panel(right, table, table.time_s, f"time T[b][f] for N_s = {table.samples} samples (s)", ".3g", True, power_cap_w, choice)
-    fig.suptitle(_title(table, power_cap_w, selection_note), fontsize=10)
-    _legend(fig, table, power_cap_w)
+    fig, axes = profile_figure(table, power_cap_w, f"{describe_table(table)}\n{cap_text(power_cap_w)}; {selection_note}")
+    if choice is not None:
+        for ax in axes:
+            _mark_choice(ax, table, choice)
+    star = Line2D([], [], marker="*", color=SELECTED, markeredgecolor="white", markersize=12, linestyle="none", label="selected (b, f*_b)")
+    profile_legend(fig, table, power_cap_w, [star])
     fig.savefig(path, dpi=DPI)

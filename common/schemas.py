@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from .control_axis import ClockObservation, ControlAxis
 
@@ -33,6 +33,10 @@ def checked_batch_sizes(value: list[int]) -> list[int]:
     if bad:
         raise ValueError(f"batch sizes must be powers of two from 1 to {MAX_BATCH_SIZE}, got {bad}")
     return sorted(set(value))
+
+
+BatchSizes = Annotated[list[int], AfterValidator(checked_batch_sizes)]  # sorted powers of two, each once
+Seeds = Annotated[list[int], AfterValidator(lambda seeds: sorted(set(seeds)))]  # sorted, each once
 
 
 class Strict(BaseModel):
@@ -95,8 +99,8 @@ class JobSpec(Strict):
     proxy_dataset: DatasetRef
     target_accuracy: float = Field(gt=0, lt=1)
     devices: list[DeviceTarget] = Field(min_length=1, max_length=MAX_DEVICES)
-    batch_sizes: list[int] = Field(default_factory=lambda: list(PAPER_BATCH_SIZES), min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=MAX_SEEDS)
+    batch_sizes: BatchSizes = Field(default_factory=lambda: list(PAPER_BATCH_SIZES), min_length=1)
+    seeds: Seeds = Field(default_factory=lambda: [0], min_length=1, max_length=MAX_SEEDS)
     lr: LearningRatePolicy = Field(default_factory=LearningRatePolicy)
     eval_every_samples: int = Field(512, gt=0, le=MAX_SAMPLES, description="accuracy is checked this often")
     max_samples: int = Field(
@@ -106,16 +110,6 @@ class JobSpec(Strict):
     device_grace_s: float = Field(
         120.0, ge=0, le=7 * 24 * 3600, description="how long a part waits for a device that stopped heartbeating before it fails (s)"
     )
-
-    @field_validator("batch_sizes")
-    @classmethod
-    def _powers_of_two(cls, value: list[int]) -> list[int]:
-        return checked_batch_sizes(value)
-
-    @field_validator("seeds")
-    @classmethod
-    def _unique_seeds(cls, value: list[int]) -> list[int]:
-        return sorted(set(value))
 
     @model_validator(mode="after")
     def _consistent(self) -> "JobSpec":
@@ -151,13 +145,11 @@ class EstimationRequest(Strict):
     weights: str
     proxy_dataset: DatasetRef
     target_accuracy: float = Field(gt=0, lt=1)
-    batch_sizes: list[int] = Field(min_length=1)
-    seeds: list[int] = Field(min_length=1, max_length=MAX_SEEDS)
+    batch_sizes: BatchSizes = Field(min_length=1)
+    seeds: Seeds = Field(min_length=1, max_length=MAX_SEEDS)
     lr: LearningRatePolicy
     eval_every_samples: int = Field(gt=0, le=MAX_SAMPLES)
     max_samples: int = Field(gt=0, le=MAX_SAMPLES)
-
-    _batch_sizes = field_validator("batch_sizes")(lambda cls, value: checked_batch_sizes(value))
 
 
 # --------------------------------------------------------------------------- fleet
@@ -248,7 +240,11 @@ class RelationVector(Strict):
     samples_mean: list[float | None] | None = Field(None, description="N_b, mean over seeds (samples)")
     samples_std: list[float | None] | None = Field(None, description="N_b, standard deviation over seeds (samples)")
     censored: list[bool] | None = None
-    resolution_samples: int | None = Field(None, description="how finely N_b is known (samples)")
+    resolution_samples: int | None = Field(
+        None,
+        description="the widest interval between the two evaluations that bracket a crossing of the target "
+        "accuracy, over every batch size and seed (samples): each N_b is interpolated inside such an interval",
+    )
     key: str | None = None
     reference_batch_size: int | None = Field(None, description="b_max: the largest batch size that reached the target")
     request: EstimationRequest | None = Field(None, description="what the vector was estimated from")
@@ -263,13 +259,42 @@ class RelationVector(Strict):
             raise ValueError("samples_mean: N_b cannot be negative")
         return self
 
+    @classmethod
+    def uniform(cls, batch_sizes: list[int]) -> "RelationVector":
+        """r_b = 1 for every batch size: no batch size censored, none preferred."""
+        return cls(batch_sizes=batch_sizes, ratios=[1.0] * len(batch_sizes))
+
+    def _at(self, values: list[float | None] | None, batch_size: int) -> float | None:
+        if values is None or batch_size not in self.batch_sizes:
+            return None
+        return values[self.batch_sizes.index(batch_size)]
+
     def ratio(self, batch_size: int) -> float | None:
-        return self.ratios[self.batch_sizes.index(batch_size)] if batch_size in self.batch_sizes else None
+        return self._at(self.ratios, batch_size)
 
     def samples_for(self, batch_size: int) -> float | None:
-        if self.samples_mean is None or batch_size not in self.batch_sizes:
-            return None
-        return self.samples_mean[self.batch_sizes.index(batch_size)]
+        """N_b, mean over seeds (samples); None when censored or not recorded."""
+        return self._at(self.samples_mean, batch_size)
+
+    def samples_std_for(self, batch_size: int) -> float | None:
+        """N_b, standard deviation over seeds (samples); None when censored or not recorded."""
+        return self._at(self.samples_std, batch_size)
+
+
+class AccuracyBracket(Strict):
+    """The two evaluations around the first crossing of the target accuracy: the last one
+    below the target and the first one at or above it (samples processed, test accuracy).
+    Both are the evaluation before training when that one already meets the target."""
+
+    before_samples: int = Field(ge=0)
+    before_accuracy: float
+    after_samples: int = Field(ge=0)
+    after_accuracy: float
+
+    @property
+    def width_samples(self) -> int:
+        """How far apart the two evaluations are (samples): N_b lies between them."""
+        return self.after_samples - self.before_samples
 
 
 class TrainingOutcome(Strict):
@@ -277,7 +302,11 @@ class TrainingOutcome(Strict):
 
     batch_size: int
     seed: int
-    samples_to_accuracy: int | None  # None = censored
+    samples_to_accuracy: int | None = Field(
+        description="N_b: where the test accuracy first reaches the target, interpolated linearly between "
+        "the evaluations in `bracket` and rounded to a whole sample; None = censored (never reached)"
+    )
+    bracket: AccuracyBracket | None = Field(None, description="the evaluations around the crossing; None = censored")
     reached: bool
     final_accuracy: float
     samples_processed: int
@@ -296,7 +325,7 @@ class Selection(Strict):
     batch_size: int
     frequency_hz: int
     estimated_time_s: float = Field(description="T[b][f] * r_b (s): the objective of eq. (4)")
-    peak_power_w: float
+    peak_power_w: float | None = Field(description="the table's peak power at (b, f) (W); None: not measured there")
 
 
 class RunReport(Strict):

@@ -92,14 +92,14 @@ def envelope_index(table: ProfileTable, power_cap_w: float | None, power_envelop
 
 
 def _selection(strategy: str, table: ProfileTable, vector: RelationVector, i: int, j: int) -> Selection:
-    time_s, power_w = table.time_s[i][j], table.peak_power_w[i][j]
-    assert time_s is not None
+    time_s, ratio = table.time_s[i][j], vector.ratio(table.batch_sizes[i])
+    assert time_s is not None and ratio is not None, "only measured points of uncensored batch sizes are selected"
     return Selection(
         strategy=strategy,
         batch_size=table.batch_sizes[i],
         frequency_hz=table.frequencies_hz[j],
-        estimated_time_s=time_s * (vector.ratio(table.batch_sizes[i]) or math.nan),
-        peak_power_w=power_w if power_w is not None else math.nan,
+        estimated_time_s=time_s * ratio,
+        peak_power_w=table.peak_power_w[i][j],
     )
 
 

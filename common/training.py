@@ -1,8 +1,10 @@
 """A step-driven training loop: one mini-batch per `step()`, so the device, the batch size
-and the frequency can change between steps; accuracy is checked every `eval_every_samples`."""
+and the frequency can change between steps; accuracy is checked before training and then every
+`eval_every_samples`, and N_b is interpolated between the evaluations around the target."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -13,7 +15,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from .devices.base import Device, Measurement
-from .schemas import LearningRatePolicy, TrainingOutcome
+from .schemas import AccuracyBracket, LearningRatePolicy, TrainingOutcome
 
 EVAL_CHUNK = 1024
 
@@ -145,6 +147,30 @@ class DeviceTotals:
 Progress = Callable[[int, float, DeviceTotals], None]  # samples, accuracy, totals
 
 
+def crossing(history: list[tuple[int, float]], target_accuracy: float) -> tuple[int, AccuracyBracket] | None:
+    """N_b from an accuracy curve: where the test accuracy first reaches the target.
+
+    `history` holds (samples processed, test accuracy) per evaluation in order, starting with
+    the evaluation before training. The crossing lies between the first evaluation at or above
+    the target and the one before it (below the target, whatever came earlier: the curve need
+    not be monotone); N_b is interpolated linearly between the two and rounded to a whole
+    sample. A curve that meets the target at its first evaluation gives that evaluation's
+    sample count (0 before training). None when no evaluation reaches the target.
+    """
+    for k, (samples, accuracy) in enumerate(history):
+        if accuracy < target_accuracy:
+            continue
+        before_samples, before_accuracy = history[k - 1] if k else (samples, accuracy)
+        bracket = AccuracyBracket(
+            before_samples=before_samples, before_accuracy=before_accuracy, after_samples=samples, after_accuracy=accuracy
+        )
+        if not k:
+            return samples, bracket
+        share = (target_accuracy - before_accuracy) / (accuracy - before_accuracy)  # in (0, 1]
+        return math.floor(before_samples + share * (samples - before_samples) + 0.5), bracket
+    return None
+
+
 def train_to_accuracy(
     trainer: Trainer,
     target_accuracy: float,
@@ -157,37 +183,43 @@ def train_to_accuracy(
 ) -> tuple[TrainingOutcome, DeviceTotals]:
     """Train until the test accuracy reaches the target or `max_samples` are processed.
 
-    N_b is the sample count at the first evaluation at or above the target, so its
-    resolution is `eval_every_samples`. Steps run through `device` when one is given. A
-    run resumed from a checkpoint (taken at an evaluation) passes the trainer restored to
-    that point and the totals saved with it.
+    Accuracy is evaluated before training and then every `eval_every_samples` samples (at the
+    first step boundary past each interval); N_b is interpolated between the two evaluations
+    around the crossing (see `crossing`). Steps run through `device` when one is given. A run
+    resumed from a checkpoint (taken at an evaluation below the target) passes the trainer
+    restored to that point and the totals saved with it, whose history goes on.
     """
     started = time.perf_counter()
-    totals = totals or DeviceTotals()
+    resumed = totals is not None
+    run = totals or DeviceTotals()
+
+    def evaluate() -> bool:
+        accuracy = trainer.evaluate()
+        run.history.append((trainer.samples, accuracy))
+        if on_evaluation:
+            on_evaluation(trainer.samples, accuracy, run)
+        return accuracy >= target_accuracy
+
+    reached = False if resumed else evaluate()
     next_eval = trainer.samples + eval_every_samples
-    accuracy, reached = 0.0, False
-    while trainer.samples < max_samples:
+    while not reached and trainer.samples < max_samples:
         if device is None:
             trainer.step()
         else:
-            totals.add(device.run_steps(trainer.step, trainer.batch_size, 1))
+            run.add(device.run_steps(trainer.step, trainer.batch_size, 1))
         if trainer.samples >= next_eval or trainer.samples >= max_samples:
             next_eval = trainer.samples + eval_every_samples
-            accuracy = trainer.evaluate()
-            totals.history.append((trainer.samples, accuracy))
-            if on_evaluation:
-                on_evaluation(trainer.samples, accuracy, totals)
-            if accuracy >= target_accuracy:
-                reached = True
-                break
+            reached = evaluate()
+    found = crossing(run.history, target_accuracy)
     outcome = TrainingOutcome(
         batch_size=trainer.batch_size,
         seed=seed,
-        samples_to_accuracy=trainer.samples if reached else None,
+        samples_to_accuracy=found[0] if found else None,
+        bracket=found[1] if found else None,
         reached=reached,
-        final_accuracy=accuracy,
+        final_accuracy=run.history[-1][1],
         samples_processed=trainer.samples,
-        evaluations=len(totals.history),
+        evaluations=len(run.history),
         wall_s=time.perf_counter() - started,
     )
-    return outcome, totals
+    return outcome, run

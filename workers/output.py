@@ -119,7 +119,7 @@ def format_selection(choice: Selection) -> str:
     """One line: the chosen configuration and its estimate."""
     return (
         f"batch size {choice.batch_size}, GPU frequency {choice.frequency_hz} Hz ({choice.frequency_hz / 1e6:.1f} MHz), "
-        f"estimated time {choice.estimated_time_s:.3f} s, peak power {choice.peak_power_w:.2f} W"
+        f"estimated time {choice.estimated_time_s:.3f} s, peak power {_fmt(choice.peak_power_w, 'W')}"
     )
 
 

@@ -2,7 +2,7 @@ import pytest
 
 from edgetrain.common.artifacts import ArtifactError, initial_model
 from edgetrain.common.estimation import aggregate, pretrain, train_proxy, vector_key
-from edgetrain.common.schemas import DatasetRef, EstimationRequest, LearningRatePolicy, TrainingOutcome
+from edgetrain.common.schemas import AccuracyBracket, DatasetRef, EstimationRequest, LearningRatePolicy, TrainingOutcome
 from edgetrain.common.training import make_optimizer
 
 
@@ -30,6 +30,26 @@ def test_aggregate_mean_std_and_ratio_to_the_largest_batch() -> None:
         aggregate(req, [outcome(8, 0, 100)])
 
 
+def test_aggregate_uses_interpolated_counts_and_reports_the_widest_bracket() -> None:
+    def bracketed(b: int, seed: int, n: int, before: int, after: int) -> TrainingOutcome:
+        bracket = AccuracyBracket(before_samples=before, before_accuracy=0.7, after_samples=after, after_accuracy=0.85)
+        return outcome(b, seed, n).model_copy(update={"bracket": bracket, "samples_processed": after})
+
+    req = request(batch_sizes=[16, 64], eval_every_samples=512)
+    vector = aggregate(req, [bracketed(16, 0, 700, 512, 1024), bracketed(16, 1, 900, 512, 1024),
+                             bracketed(64, 0, 1600, 1088, 1600), bracketed(64, 1, 2000, 1600, 2176)])  # fmt: skip
+    assert vector.samples_mean == [800.0, 1800.0]
+    assert vector.ratios == [pytest.approx(800 / 1800), 1.0]
+    assert vector.resolution_samples == 576  # 2176 - 1600: b = 64 steps past the 512-sample interval
+    assert vector.samples_std_for(64) == pytest.approx(282.84, rel=1e-3)
+    assert aggregate(req, [outcome(b, s, None) for b in (16, 64) for s in (0, 1)]).resolution_samples is None
+
+
+def test_proxy_already_at_the_target_before_training_is_refused() -> None:
+    with pytest.raises(ValueError, match="target_accuracy: digits is at .* before any training"):
+        train_proxy(request(target_accuracy=0.01), 32, 0)
+
+
 def test_cache_key_changes_with_anything_the_vector_depends_on() -> None:
     keys = {vector_key(request()), vector_key(request(seeds=[0])), vector_key(request(target_accuracy=0.81)),
             vector_key(request(lr=LearningRatePolicy(rule="linear"))), vector_key(request(weights="init:1"))}  # fmt: skip
@@ -40,7 +60,11 @@ def test_cache_key_changes_with_anything_the_vector_depends_on() -> None:
 def test_proxy_run_reaches_the_target_or_is_censored_by_the_budget() -> None:
     reached = train_proxy(request(), 32, 0)
     assert reached.reached and reached.final_accuracy >= 0.8
-    assert reached.samples_to_accuracy % 128 < 32  # checked every 128 samples (one batch of slack)
+    bracket = reached.bracket  # evaluated every 128 samples, at the first step boundary past each interval
+    assert bracket.before_accuracy < 0.8 <= bracket.after_accuracy == reached.final_accuracy
+    assert bracket.after_samples == reached.samples_processed and bracket.after_samples % 128 < 32
+    assert 128 <= bracket.width_samples < 128 + 32
+    assert bracket.before_samples < reached.samples_to_accuracy <= bracket.after_samples
     censored = train_proxy(request(max_samples=64), 32, 0)
     assert not censored.reached and censored.samples_to_accuracy is None and censored.samples_processed == 64
 
