@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from .limits import MAX_BATCH_SIZES, BatchSize, SampleCount, Seed
 from .models import Optimizer, get_model
 from .schemas import (
+    ID_PATTERN,
     PAPER_BATCH_SIZES,
     DatasetRef,
     DeviceTarget,
@@ -22,9 +24,9 @@ from .schemas import (
 class ProfileRequest(Strict):
     """Profile `model` on device `device_id`: T[b][f] and P[b][f] for its device type."""
 
-    device_id: str
+    device_id: str = Field(pattern=ID_PATTERN)
     model: str
-    batch_sizes: list[int] = Field(min_length=1)
+    batch_sizes: list[BatchSize] = Field(min_length=1, max_length=MAX_BATCH_SIZES)
     options: ProfilingOptions
     optimizer: Optimizer = Field(description="the optimizer whose step is timed: the model's own")
     power_cap_w: float | None = Field(None, description="board power cap (W) a staircase profile is made for")
@@ -59,18 +61,18 @@ class ProfileResult(Strict):
 class FinetuneRequest(Strict):
     """Fine-tune on device `device_id` with the selected (batch size, frequency) until the target."""
 
-    job_id: str
-    device_id: str
+    job_id: str = Field(pattern=ID_PATTERN)
+    device_id: str = Field(pattern=ID_PATTERN)
     model: str
     weights: str
     dataset: DatasetRef
     target_accuracy: float = Field(gt=0, lt=1)
-    batch_size: int = Field(gt=0)
+    batch_size: BatchSize
     frequency_hz: int = Field(gt=0)
     lr: LearningRatePolicy
-    eval_every_samples: int = Field(gt=0)
-    max_samples: int = Field(gt=0)
-    seed: int
+    eval_every_samples: SampleCount
+    max_samples: SampleCount
+    seed: Seed
 
 
 def finetune_request(job_id: str, spec: JobSpec, target: DeviceTarget, selection: Selection) -> FinetuneRequest:
@@ -101,8 +103,8 @@ class ProxyRunRequest(Strict):
     """One proxy training run of an estimation: one batch size, one seed."""
 
     request: EstimationRequest
-    batch_size: int = Field(gt=0)
-    seed: int
+    batch_size: BatchSize
+    seed: Seed
 
 
 class PretrainRequest(Strict):
@@ -110,10 +112,10 @@ class PretrainRequest(Strict):
 
     model: str
     dataset: DatasetRef
-    samples: int = Field(gt=0)
-    batch_size: int = Field(128, gt=0)
+    samples: SampleCount
+    batch_size: BatchSize = 128
     lr: LearningRatePolicy = Field(default_factory=LearningRatePolicy)
-    seed: int = 0
+    seed: Seed = 0
 
 
 class PretrainResult(Strict):

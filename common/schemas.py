@@ -11,6 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .limits import (
+    MAX_BATCH_SIZES, MAX_DEVICES, MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_SEEDS, BatchSize, ProfileBatches, SampleCount, Seed,
+)  # fmt: skip
+
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 PAPER_BATCH_SIZES = [4, 8, 16, 32, 64, 128]
 
@@ -33,7 +37,7 @@ class DatasetRef(Strict):
 
     name: str = Field(min_length=1)
     fraction: float = Field(1.0, gt=0, le=1)
-    path: str | None = None  # for user data (image folder, .npz, text file)
+    path: str | None = Field(None, max_length=MAX_PATH_CHARS)  # for user data (image folder, .npz, text file)
 
 
 class LearningRatePolicy(Strict):
@@ -60,8 +64,8 @@ class DeviceTarget(Strict):
 
 class ProfilingOptions(Strict):
     samples: int = Field(1024, gt=0, description="N_s: samples the time table is scaled to")
-    warmup_batches: int = Field(1, ge=0)
-    measure_batches: int = Field(3, gt=0)
+    warmup_batches: ProfileBatches = Field(1, ge=0)
+    measure_batches: ProfileBatches = Field(3, gt=0)
     mode: Literal["grid", "staircase"] = "grid"
     force: bool = Field(False, description="profile again even when a current table exists")
 
@@ -70,17 +74,17 @@ class JobSpec(Strict):
     """What a user submits: fine-tune `model` from `weights` on each device's data to
     `target_accuracy`, choosing (batch size, GPU frequency) per device under its cap."""
 
-    model: str = Field(min_length=1)
-    weights: str = Field("init:0", description="'init:<seed>' or an artifact URL")
+    model: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    weights: str = Field("init:0", max_length=MAX_NAME_CHARS, description="'init:<seed>' or an artifact URL")
     dataset: DatasetRef
     proxy_dataset: DatasetRef
     target_accuracy: float = Field(gt=0, lt=1)
-    devices: list[DeviceTarget] = Field(min_length=1)
-    batch_sizes: list[int] = Field(default_factory=lambda: list(PAPER_BATCH_SIZES), min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    devices: list[DeviceTarget] = Field(min_length=1, max_length=MAX_DEVICES)
+    batch_sizes: list[BatchSize] = Field(default_factory=lambda: list(PAPER_BATCH_SIZES), min_length=1, max_length=MAX_BATCH_SIZES)
+    seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1, max_length=MAX_SEEDS)
     lr: LearningRatePolicy = Field(default_factory=LearningRatePolicy)
-    eval_every_samples: int = Field(512, gt=0, description="accuracy is checked this often")
-    max_samples: int = Field(200_000, gt=0, description="budget; a run that has not reached the target by then is censored")
+    eval_every_samples: SampleCount = Field(512, description="accuracy is checked this often")
+    max_samples: SampleCount = Field(200_000, description="budget; a run that has not reached the target by then is censored")
     profiling: ProfilingOptions = Field(default_factory=ProfilingOptions)
 
     @field_validator("batch_sizes")
@@ -124,15 +128,15 @@ class JobSpec(Strict):
 class EstimationRequest(Strict):
     """Everything a relation vector depends on; identical requests share one vector."""
 
-    model: str
-    weights: str
+    model: str = Field(max_length=MAX_NAME_CHARS)
+    weights: str = Field(max_length=MAX_NAME_CHARS)
     proxy_dataset: DatasetRef
     target_accuracy: float = Field(gt=0, lt=1)
-    batch_sizes: list[int] = Field(min_length=1)
-    seeds: list[int] = Field(min_length=1)
+    batch_sizes: list[BatchSize] = Field(min_length=1, max_length=MAX_BATCH_SIZES)
+    seeds: list[Seed] = Field(min_length=1, max_length=MAX_SEEDS)
     lr: LearningRatePolicy
-    eval_every_samples: int = Field(gt=0)
-    max_samples: int = Field(gt=0)
+    eval_every_samples: SampleCount
+    max_samples: SampleCount
 
 
 # --------------------------------------------------------------------------- fleet

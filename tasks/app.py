@@ -11,6 +11,7 @@ from celery import Celery
 from edgetrain.common.settings import Settings
 
 from .contract import CONTROL_QUEUE, FIXED_ROUTES
+from .signing import enable_signing, signing_config
 
 TASK_MODULES = ("edgetrain.tasks.workflow", "edgetrain.tasks.server", "edgetrain.tasks.device")
 
@@ -44,12 +45,14 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_send_sent_event": True,
         "task_default_queue": CONTROL_QUEUE,
         "task_routes": {task.value: {"queue": queue} for task, queue in FIXED_ROUTES.items()},
+        **signing_config(settings),
     }
 
 
 def configure(settings: Settings, task_modules: tuple[str, ...] = TASK_MODULES) -> Celery:
     """Configure the worker app from `settings` and import the task modules it runs."""
     app.conf.update(celery_config(settings), include=list(task_modules))
+    enable_signing(app, settings)
     app.loader.import_default_modules()
     return app
 
@@ -58,4 +61,5 @@ def producer_app(settings: Settings) -> Celery:
     """An app that sends tasks by name (no task module imported, so no PyTorch)."""
     producer = Celery("edgetrain-producer", set_as_current=False)
     producer.conf.update(celery_config(settings))
+    enable_signing(producer, settings)
     return producer

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from celery.utils.log import get_task_logger
 
+from edgetrain.common.admission import job_refusal
 from edgetrain.common.jobs import TERMINAL, DevicePart, EventKind, JobState, PartState, job_state
 from edgetrain.common.keys import table_resource, vector_resource
 from edgetrain.common.planner import Decision, Fail, FineTune, PartView, Prepare, Wait, plan, resource_ids
@@ -18,7 +19,7 @@ from edgetrain.common.schemas import DeviceInfo, DeviceTarget, JobSpec, ProfileT
 from edgetrain.common.store import Store
 
 from .app import app
-from .context import store
+from .context import settings, store
 from .contract import TaskName, device_queue, send
 
 logger = get_task_logger(__name__)
@@ -76,11 +77,15 @@ def advance_job(job_id: str) -> str:
         logger.warning("advance_job: no job %s", job_id)
         return "unknown job"
     spec = record.spec
+    refusal = job_refusal(spec, settings().allowed_model_modules)  # a spec written past the client
     with s.lock(s.keys.job_lock(job_id), JOB_LOCK_TIMEOUT_S):
         reader = _Reader(s, job_id, spec, record.created_at)
         ids = [d.device_id for d in spec.devices]
         for target, part in zip(spec.devices, s.jobs.parts(job_id, ids)):
             if part.state in TERMINAL or part.state == PartState.finetuning:
+                continue
+            if refusal:
+                _fail(job_id, part, refusal)
                 continue
             view = reader.view(target, part)
             _apply(job_id, part, view, plan(view))
@@ -97,8 +102,7 @@ def _apply(job_id: str, part: DevicePart, view: PartView, decision: Decision) ->
     if isinstance(decision, Wait):
         return
     if isinstance(decision, Fail):
-        s.jobs.put_part(job_id, part.model_copy(update={"state": PartState.failed, "reason": decision.reason}))
-        s.jobs.event(job_id, EventKind.failed, f"failed: {decision.reason}", device_id)
+        _fail(job_id, part, decision.reason)
         return
     known = _identify(part, decision.device)
     if isinstance(decision, Prepare):
@@ -111,6 +115,12 @@ def _apply(job_id: str, part: DevicePart, view: PartView, decision: Decision) ->
             _ensure_vector(job_id, decision)
         return
     _start_fine_tune(job_id, known, decision)
+
+
+def _fail(job_id: str, part: DevicePart, reason: str) -> None:
+    s = store()
+    s.jobs.put_part(job_id, part.model_copy(update={"state": PartState.failed, "reason": reason}))
+    s.jobs.event(job_id, EventKind.failed, f"failed: {reason}", part.device_id)
 
 
 def _identify(part: DevicePart, device: DeviceInfo) -> DevicePart:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 from pydantic import ValidationError
 
 
-from .cli_args import ExitCode, connection_options, settings_from
+from .cli_args import ExitCode, connection_options, settings_from, warn_secret_on_command_line
 from .output import format_data_fetch, format_data_status, format_fleet, format_report, format_selection, format_status
 from .output import print_json
 from .profile_cli import add_profile_commands
@@ -145,13 +144,15 @@ def cmd_device_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_flower(args: argparse.Namespace) -> int:
-    from edgetrain.tasks import context
+    from .flower import FlowerConfigError, read_basic_auth, run_flower
 
-    context.init(settings_from(args), task_modules=())
-    argv = ["flower", f"--port={args.port}", f"--address={args.address}"]
-    if args.basic_auth or os.environ.get("EDGETRAIN_FLOWER_BASIC_AUTH"):
-        argv.append(f"--basic-auth={args.basic_auth or os.environ['EDGETRAIN_FLOWER_BASIC_AUTH']}")
-    context.app().start(argv=argv)
+    if args.basic_auth:
+        warn_secret_on_command_line("--basic-auth", "--basic-auth-file or EDGETRAIN_FLOWER_BASIC_AUTH_FILE")
+    try:
+        run_flower(settings_from(args), args.address, args.port, args.basic_auth or read_basic_auth(args.basic_auth_file))
+    except FlowerConfigError as exc:
+        print(f"edgetrain flower: {exc}", file=sys.stderr)
+        return ExitCode.usage
     return ExitCode.ok
 
 
@@ -223,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("flower", help="run Flower (Celery monitoring) for this cluster", parents=conn)
     p.add_argument("--port", type=int, default=5555)
     p.add_argument("--address", default="127.0.0.1")
-    p.add_argument("--basic-auth", help="user:password (or $EDGETRAIN_FLOWER_BASIC_AUTH)")
+    p.add_argument("--basic-auth-file", type=Path, help="a file holding user:password (or $EDGETRAIN_FLOWER_BASIC_AUTH_FILE)")
+    p.add_argument("--basic-auth", help="user:password; visible in ps: prefer --basic-auth-file")
     p.set_defaults(func=cmd_flower)
     return parser
 
