@@ -12,6 +12,7 @@ from edgetrain.common.settings import Settings
 
 from .contract import CONTROL_QUEUE, FIXED_ROUTES
 from .signing import enable_signing, signing_config
+from .tls import tls_config
 
 TASK_MODULES = ("edgetrain.tasks.workflow", "edgetrain.tasks.server", "edgetrain.tasks.device")
 
@@ -46,6 +47,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": CONTROL_QUEUE,
         "task_routes": {task.value: {"queue": queue} for task, queue in FIXED_ROUTES.items()},
         **signing_config(settings),
+        **tls_config(settings.redis_url),
     }
 
 
