@@ -144,14 +144,26 @@ def cmd_device_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_flower(args: argparse.Namespace) -> int:
-    from .flower import FlowerConfigError, read_basic_auth, run_flower
+    from .flower import FlowerConfigError, checked_basic_auth, read_basic_auth, run_flower
 
     if args.basic_auth:
         warn_secret_on_command_line("--basic-auth", "--basic-auth-file or EDGETRAIN_FLOWER_BASIC_AUTH_FILE")
     try:
-        run_flower(settings_from(args), args.address, args.port, args.basic_auth or read_basic_auth(args.basic_auth_file))
+        basic_auth = checked_basic_auth(args.basic_auth) if args.basic_auth else read_basic_auth(args.basic_auth_file)
+        run_flower(settings_from(args), args.address, args.port, basic_auth)
     except FlowerConfigError as exc:
         print(f"edgetrain flower: {exc}", file=sys.stderr)
+        return ExitCode.usage
+    return ExitCode.ok
+
+
+def cmd_redis_acl(args: argparse.Namespace) -> int:
+    from .redis_acl import acl_file, read_passwords
+
+    try:
+        print(acl_file(read_passwords(args.passwords), args.key_prefix), end="")
+    except (OSError, ValueError) as exc:
+        print(f"edgetrain redis-acl: {exc}", file=sys.stderr)
         return ExitCode.usage
     return ExitCode.ok
 
@@ -227,6 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--basic-auth-file", type=Path, help="a file holding user:password (or $EDGETRAIN_FLOWER_BASIC_AUTH_FILE)")
     p.add_argument("--basic-auth", help="user:password; visible in ps: prefer --basic-auth-file")
     p.set_defaults(func=cmd_flower)
+
+    p = sub.add_parser("redis-acl", help="print a Redis ACL file with a user per role (worker, submitter, monitor)")
+    p.add_argument("--passwords", type=Path, required=True, help="folder of <role>.password files")
+    p.add_argument("--key-prefix", default="edgetrain", help="edgetrain's key prefix (EDGETRAIN_KEY_PREFIX)")
+    p.set_defaults(func=cmd_redis_acl)
     return parser
 
 

@@ -44,9 +44,14 @@ def read_basic_auth(file: Path | None) -> str | None:
             raise FlowerConfigError(f"cannot read the Flower credentials {file}: {exc.strerror}") from None
     else:
         value = os.environ.get(AUTH_ENV, "").strip()
-    if value and any(":" not in pair for pair in value.split(",")):
+    return checked_basic_auth(value) if value else None
+
+
+def checked_basic_auth(value: str) -> str:
+    """`value` if it is user:password (several separated by commas); FlowerConfigError otherwise."""
+    if any(":" not in pair for pair in value.split(",")):
         raise FlowerConfigError("Flower credentials must be user:password (several separated by commas)")
-    return value or None
+    return value
 
 
 def exposure_problem(address: str, basic_auth: str | None) -> str | None:
