@@ -6,6 +6,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -29,6 +30,7 @@ class Settings(BaseSettings):
     torch_threads: int = Field(0, ge=0, description="torch threads per worker process; 0 = torch's default")
     # security (docs/security.md)
     redis_url_file: Path | None = Field(None, description="a file holding the Redis URL (its password stays out of `ps`)")
+    redis_password_file: Path | None = Field(None, description="a file holding the password of the Redis URL's user")
     allowed_model_modules: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="comma-separated modules user models may be imported from; empty: registered models only"
     )
@@ -50,12 +52,11 @@ class Settings(BaseSettings):
         return tuple(p for p in value.split(os.pathsep) if p) if isinstance(value, str) else value
 
     @model_validator(mode="after")
-    def _redis_url_from_file(self) -> "Settings":
+    def _redis_url_from_files(self) -> "Settings":
         if self.redis_url_file is not None:
-            try:
-                self.redis_url = self.redis_url_file.read_text().strip()
-            except OSError as exc:
-                raise ValueError(f"redis_url_file: cannot read {self.redis_url_file}: {exc.strerror}") from None
+            self.redis_url = _read_secret("redis_url_file", self.redis_url_file)
+        if self.redis_password_file is not None:
+            self.redis_url = url_with_password(self.redis_url, _read_secret("redis_password_file", self.redis_password_file))
         return self
 
     def readable_data_roots(self) -> tuple[Path, ...]:
@@ -75,6 +76,23 @@ class Settings(BaseSettings):
     def signing(self) -> bool:
         """Whether task messages are signed and only signed ones accepted."""
         return self.signing_key is not None
+
+
+def _read_secret(field: str, path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"{field}: cannot read {path}: {exc.strerror}") from None
+
+
+def url_with_password(url: str, password: str) -> str:
+    """`url` (redis://, rediss:// or unix://) with `password` for its user (unix: `?password=`)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"{url}{'&' if parts.query else '?'}password={quote(password, safe='')}"
+    host = parts.netloc.rpartition("@")[2]
+    user = quote(parts.username or "", safe="")
+    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{host}"))
 
 
 @lru_cache(maxsize=1)

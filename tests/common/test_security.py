@@ -255,6 +255,11 @@ def test_security_settings_from_the_environment(tmp_path: Path, settings_env) ->
     assert settings.readable_data_roots() == (Path("/data"), Path("/srv/data"))
     assert Settings(data_roots=()).readable_data_roots() == (Settings().data_dir,)
     assert not settings.signing
+    (tmp_path / "password").write_text("p@ss:word/1\n")
+    assert Settings(redis_url="rediss://worker@redis:6380/0?ssl_ca_certs=/ca.pem", redis_password_file=tmp_path / "password",
+                    redis_url_file=None).redis_url == "rediss://worker:p%40ss%3Aword%2F1@redis:6380/0?ssl_ca_certs=/ca.pem"  # fmt: skip
+    assert Settings(redis_url="unix:///run/redis.sock?db=1", redis_password_file=tmp_path / "password",
+                    redis_url_file=None).redis_url == "unix:///run/redis.sock?db=1&password=p%40ss%3Aword%2F1"  # fmt: skip
 
 
 def test_incomplete_signing_settings_are_refused(tmp_path: Path) -> None:
