@@ -6,12 +6,12 @@ import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .keys import DEFAULT_PREFIX
+from .secret_files import read_secret, url_with_password
 
 
 class Settings(BaseSettings):
@@ -54,9 +54,9 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _redis_url_from_files(self) -> "Settings":
         if self.redis_url_file is not None:
-            self.redis_url = _read_secret("redis_url_file", self.redis_url_file)
+            self.redis_url = read_secret("redis_url_file", self.redis_url_file)
         if self.redis_password_file is not None:
-            self.redis_url = url_with_password(self.redis_url, _read_secret("redis_password_file", self.redis_password_file))
+            self.redis_url = url_with_password(self.redis_url, read_secret("redis_password_file", self.redis_password_file))
         return self
 
     def readable_data_roots(self) -> tuple[Path, ...]:
@@ -76,23 +76,6 @@ class Settings(BaseSettings):
     def signing(self) -> bool:
         """Whether task messages are signed and only signed ones accepted."""
         return self.signing_key is not None
-
-
-def _read_secret(field: str, path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError as exc:
-        raise ValueError(f"{field}: cannot read {path}: {exc.strerror}") from None
-
-
-def url_with_password(url: str, password: str) -> str:
-    """`url` (redis://, rediss:// or unix://) with `password` for its user (unix: `?password=`)."""
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        return f"{url}{'&' if parts.query else '?'}password={quote(password, safe='')}"
-    host = parts.netloc.rpartition("@")[2]
-    user = quote(parts.username or "", safe="")
-    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{host}"))
 
 
 @lru_cache(maxsize=1)

@@ -61,9 +61,11 @@ class EdgeTrainClient:
     """Submits jobs and reads their state from the cluster whose Redis is at `redis_url`."""
 
     def __init__(self, redis_url: str, key_prefix: str = DEFAULT_PREFIX):
-        settings = Settings(redis_url=redis_url, key_prefix=key_prefix)
-        self.redis_url = redis_url
-        self.store = Store.connect(redis_url, key_prefix)
+        """`redis_url` as given (not EDGETRAIN_REDIS_URL_FILE); EDGETRAIN_REDIS_PASSWORD_FILE,
+        when set, gives its user's password."""
+        settings = Settings(redis_url=redis_url, key_prefix=key_prefix, redis_url_file=None)
+        self.redis_url = settings.redis_url
+        self.store = Store.connect(settings.redis_url, key_prefix)
         self.app = producer_app(settings)
 
     def submit(self, job_spec: JobSpec | dict[str, Any]) -> str:

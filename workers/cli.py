@@ -170,6 +170,8 @@ def cmd_redis_acl(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `edgetrain` argument parser with every subcommand."""
+    from edgetrain.common.keys import DEFAULT_PREFIX
+
     parser = argparse.ArgumentParser(prog="edgetrain", description=__doc__, parents=[connection_options()])
     conn = [connection_options(suppress_defaults=True)]
     sub = parser.add_subparsers(dest="command", required=True)
@@ -242,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("redis-acl", help="print a Redis ACL file with a user per role (worker, submitter, monitor)")
     p.add_argument("--passwords", type=Path, required=True, help="folder of <role>.password files")
-    p.add_argument("--key-prefix", default="edgetrain", help="edgetrain's key prefix (EDGETRAIN_KEY_PREFIX)")
+    p.add_argument("--key-prefix", default=DEFAULT_PREFIX, help="edgetrain's key prefix (EDGETRAIN_KEY_PREFIX)")
     p.set_defaults(func=cmd_redis_acl)
     return parser
 

@@ -13,6 +13,7 @@ import ipaddress
 import os
 from pathlib import Path
 
+from edgetrain.common.secret_files import read_secret
 from edgetrain.common.settings import Settings
 
 AUTH_ENV = "EDGETRAIN_FLOWER_BASIC_AUTH"
@@ -39,9 +40,9 @@ def read_basic_auth(file: Path | None) -> str | None:
     file = file or (Path(os.environ[f"{AUTH_ENV}_FILE"]) if os.environ.get(f"{AUTH_ENV}_FILE") else None)
     if file is not None:
         try:
-            value = file.read_text().strip()
-        except OSError as exc:
-            raise FlowerConfigError(f"cannot read the Flower credentials {file}: {exc.strerror}") from None
+            value = read_secret("Flower credentials", file)
+        except ValueError as exc:
+            raise FlowerConfigError(str(exc)) from None
     else:
         value = os.environ.get(AUTH_ENV, "").strip()
     return checked_basic_auth(value) if value else None

@@ -124,6 +124,14 @@ def test_each_role_may_do_its_part(secure: Secure) -> None:
     assert monitor.zcard("edgetrain:jobs") >= 0
 
 
+def test_a_client_reads_its_password_from_a_file(secure: Secure, monkeypatch: pytest.MonkeyPatch) -> None:
+    password_file = secure.secret_file("submitter.password", secure.passwords["submitter"])
+    monkeypatch.setenv("EDGETRAIN_REDIS_PASSWORD_FILE", str(password_file))
+    without_password = secure.url("submitter").replace(f":{secure.passwords['submitter']}@", "@")
+    assert secure.passwords["submitter"] not in without_password
+    assert [d.device_id for d in EdgeTrainClient(without_password).fleet()] == [DEVICE]
+
+
 def pids_of(process: subprocess.Popen) -> list[int]:
     """The process and its children (Celery's pool processes)."""
     children = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()

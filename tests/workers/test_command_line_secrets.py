@@ -57,7 +57,7 @@ def test_basic_auth_from_a_file_or_the_environment(tmp_path: Path, monkeypatch: 
     (tmp_path / "bad").write_text("no-colon")
     with pytest.raises(FlowerConfigError, match="user:password"):
         read_basic_auth(tmp_path / "bad")
-    with pytest.raises(FlowerConfigError, match="cannot read the Flower credentials"):
+    with pytest.raises(FlowerConfigError, match="Flower credentials: cannot read"):
         read_basic_auth(tmp_path / "absent")
 
 
