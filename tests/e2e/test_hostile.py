@@ -146,14 +146,30 @@ def test_a_task_for_another_device_changes_nothing_of_its_job(fleet: Fleet) -> N
     assert after.parts["nano-a"].state == PartState.finetuning
 
 
-def test_a_job_record_naming_a_module_outside_the_allow_list_fails_at_the_control_worker(fleet: Fleet) -> None:
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"model": f"{EVIL}:build"}, f"model: '{EVIL}:build': module '{EVIL}' is not allowed here (EDGETRAIN_ALLOWED_MODEL_MODULES: {GOOD})"),
+        ({"weights": "file:///etc/shadow"}, "weights: 'file:///etc/shadow' is not 'init:<integer seed>'"),
+        ({"dataset": {"name": "npz", "path": "../../etc/passwd"}}, "dataset.path: '../../etc/passwd' contains '..'"),
+        ({"dataset": {"name": "../../etc/passwd"}}, "dataset.name: unknown dataset '../../etc/passwd'"),
+    ],
+)
+def test_a_job_record_written_past_the_client_fails_at_the_control_worker(fleet: Fleet, changes: dict, words: str) -> None:
     job_id = uuid.uuid4().hex[:12]
-    fleet.store.jobs.create(job_id, JobSpec.model_validate(quick_job([{"device_id": DEVICE}], model=f"{EVIL}:build")))
+    fleet.store.jobs.create(job_id, JobSpec.model_validate(quick_job([{"device_id": DEVICE}], **changes)))
     fleet.app.send_task(TaskName.advance_job.value, args=[job_id], queue=CONTROL_QUEUE)
     part = wait_for_part(fleet, job_id, PartState.failed)
-    assert f"model: '{EVIL}:build': module '{EVIL}' is not allowed here (EDGETRAIN_ALLOWED_MODEL_MODULES: {GOOD})" in part.reason
+    assert part.reason.startswith("refused: ") and words in part.reason, part.reason
     assert not fleet.marker.exists()
     assert [e.kind.value for e in fleet.store.jobs.status(job_id).events] == ["submitted", "failed", "finished"]
+
+
+def test_raw_fine_tune_naming_a_path_as_dataset_is_refused(fleet: Fleet) -> None:
+    job_id = fleet.job_in_finetuning()
+    fleet.raw(TaskName.finetune, fleet.finetune_payload(job_id, dataset={"name": "../../etc/passwd"}), device_queue(DEVICE))
+    part = wait_for_part(fleet, job_id, PartState.failed)
+    assert "fine-tuning failed: dataset: unknown dataset '../../etc/passwd'" in part.reason
 
 
 @pytest.mark.parametrize("model", [f"{EVIL}:build", "os:system", "builtins:eval", f"{GOOD}:nn"])
