@@ -1,7 +1,9 @@
-"""Artifact store for big blobs (weights, checkpoints), addressed by URL and checked by hash.
+"""Artifact store for big blobs (weights, checkpoints), addressed by name and checked by hash.
 
-A reference looks like `file:///abs/path/name.pt#sha256=<hex>`; only the local-directory
-store exists today, and fetching checks the content against the hash in the reference.
+A reference looks like `artifact:<file name>#sha256=<hex>`: a file of the store folder
+(`EDGETRAIN_ARTIFACT_DIR` on every worker, a shared volume on a fleet), never a path, so a
+reference cannot name a file outside the store; fetching refuses a file that resolves outside
+it (a symbolic link) and checks the content against the hash.
 """
 
 from __future__ import annotations
@@ -10,44 +12,45 @@ import hashlib
 import io
 import os
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 from torch import nn
 
 from .models import build_model
+from .security import RefusedError, artifact_path, artifact_url, init_seed, safe_file_name
+from .settings import get_settings
 
 
 class ArtifactError(RuntimeError):
     """An artifact is missing, unreadable or does not match its hash."""
 
 
-def put_file(data: bytes, path: Path) -> str:
-    """Write `data` to `path` atomically (replacing what was there); returns its reference URL."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+def put_file(data: bytes, file_name: str, folder: Path) -> str:
+    """Write `data` as `file_name` in the store `folder` atomically (replacing a file of that
+    name); returns its reference."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"{file_name}.tmp"
     tmp.write_bytes(data)
-    os.replace(tmp, path)
-    return f"{path.resolve().as_uri()}#sha256={hashlib.sha256(data).hexdigest()}"
+    os.replace(tmp, folder / file_name)
+    return artifact_url(file_name, hashlib.sha256(data).hexdigest())
 
 
 def put_bytes(data: bytes, name: str, folder: Path) -> str:
-    """Store `data` under `folder` named by its content hash; returns its reference URL."""
-    return put_file(data, folder / f"{name}-{hashlib.sha256(data).hexdigest()[:12]}.pt")
+    """Store `data` in the store `folder` named by its content hash; returns its reference."""
+    return put_file(data, f"{safe_file_name(name)[:180]}-{hashlib.sha256(data).hexdigest()[:12]}.pt", folder)
 
 
-def get_bytes(url: str) -> bytes:
-    """Fetch an artifact by reference, checking its sha256."""
-    parsed = urlparse(url)
-    if parsed.scheme != "file":
-        raise ArtifactError(f"weights: unsupported artifact URL scheme {parsed.scheme!r} in {url!r}; use file://")
-    path = Path(parsed.path)
+def get_bytes(url: str, store: Path) -> bytes:
+    """Fetch an artifact of the store folder `store` by reference, checking its sha256."""
+    try:
+        path, expected = artifact_path(url, store)
+    except RefusedError as exc:
+        raise ArtifactError(str(exc)) from None
     if not path.is_file():
-        raise ArtifactError(f"weights: artifact {path} does not exist")
+        raise ArtifactError(f"weights: artifact {path.name} is not in the artifact store {store}")
     data = path.read_bytes()
-    expected = parsed.fragment.removeprefix("sha256=") if parsed.fragment.startswith("sha256=") else None
-    if expected and hashlib.sha256(data).hexdigest() != expected:
-        raise ArtifactError(f"weights: artifact {path} does not match its sha256 {expected}")
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise ArtifactError(f"weights: artifact {path.name} does not match its sha256 {expected}")
     return data
 
 
@@ -57,15 +60,15 @@ def put_state_dict(model: nn.Module, name: str, folder: Path) -> str:
     return put_bytes(buffer.getvalue(), name, folder)
 
 
-def initial_model(model_name: str, weights: str, num_classes: int) -> nn.Module:
-    """The starting point of a run: `init:<seed>` (fresh, seeded) or an artifact URL."""
-    if weights.startswith("init:"):
-        seed = weights.removeprefix("init:")
-        if not seed.isdigit():
-            raise ArtifactError(f"weights: {weights!r} must be 'init:<integer seed>' or an artifact URL")
-        return build_model(model_name, num_classes, int(seed))
+def initial_model(model_name: str, weights: str, num_classes: int, store: Path | None = None) -> nn.Module:
+    """The starting point of a run: `init:<seed>` (fresh, seeded) or an artifact of the store
+    folder `store` (default: settings.artifact_dir)."""
+    seed = init_seed(weights)
+    if seed is not None:
+        return build_model(model_name, num_classes, seed)
+    data = get_bytes(weights, store or get_settings().artifact_dir)
     model = build_model(model_name, num_classes, 0)
-    state = torch.load(io.BytesIO(get_bytes(weights)), map_location="cpu", weights_only=True)
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     own = model.state_dict()
     unknown = sorted(set(state) - set(own))
     if unknown:

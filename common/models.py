@@ -2,15 +2,25 @@
 
 The registry holds what the planner and the client need (name, task, input shape, optimizer)
 without importing PyTorch; the networks themselves (`common/networks.py`) are imported when a
-model is built. Users register their own by import path (`package.module:factory`, called as
-factory(num_classes=..., input_shape=...)).
+model is built.
+
+A user's own model is named by import path, `package.module:factory`, and is imported only by
+workers whose operator allows its module (`EDGETRAIN_ALLOWED_MODEL_MODULES`); the factory must
+be defined in that module and is called as factory(num_classes=..., input_shape=...). It
+declares what the planner needs as attributes: `task` ("image" or "text", default "image"),
+`input_shape` (default (3, 32, 32)) and `optimizer` ("adam" or "adamw", default "adam").
+A client never imports it: it checks the name's form only (and the module, when its own
+environment sets the allow-list).
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, get_args
+
+from .security import split_user_model, user_model_problem
+from .settings import get_settings
 
 if TYPE_CHECKING:
     import torch
@@ -68,20 +78,40 @@ def model_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_model(name: str) -> ModelEntry:
-    """A registered model, or `package.module:factory` for a user's own model."""
+def unknown_model_message(name: str) -> str:
+    return (
+        f"model: unknown model {name!r}; registered: {model_names()}, or 'package.module:factory' "
+        "from a module the workers allow (EDGETRAIN_ALLOWED_MODEL_MODULES)"
+    )
+
+
+def get_model(name: str, allowed_modules: Sequence[str] | None = None) -> ModelEntry:
+    """A registered model, or `package.module:factory` for a user's own model, imported only
+    when its module is in `allowed_modules` (default: settings.allowed_model_modules)."""
     if name in _REGISTRY:
         return _REGISTRY[name]
-    if ":" in name:
-        module_name, _, attr = name.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"model {name!r}: cannot import {attr!r} from {module_name!r} ({exc})") from exc
-        shape = tuple(getattr(factory, "input_shape", (3, 32, 32)))
-        task = getattr(factory, "task", "image")
-        return ModelEntry(name, task, shape, factory)
-    raise ValueError(f"model: unknown model {name!r}; registered: {model_names()} or 'package.module:factory'")
+    if ":" not in name:
+        raise ValueError(unknown_model_message(name))
+    allowed = get_settings().allowed_model_modules if allowed_modules is None else allowed_modules
+    return _user_model(name, allowed)
+
+
+def _user_model(name: str, allowed: Sequence[str]) -> ModelEntry:
+    problem = user_model_problem(name, allowed)
+    if problem:
+        raise ValueError(f"model: {problem}")
+    module_name, attr = split_user_model(name)
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"model {name!r}: cannot import {attr!r} from {module_name!r} ({exc})") from exc
+    if not callable(factory) or getattr(factory, "__module__", None) != module_name:
+        raise ValueError(f"model {name!r}: {attr!r} is not a factory defined in {module_name!r}")
+    task, shape, optimizer = (getattr(factory, "task", "image"), getattr(factory, "input_shape", (3, 32, 32)),
+                              getattr(factory, "optimizer", "adam"))  # fmt: skip
+    if task not in get_args(Task) or optimizer not in get_args(Optimizer):
+        raise ValueError(f"model {name!r}: task {task!r} or optimizer {optimizer!r} not one of {get_args(Task)}, {get_args(Optimizer)}")
+    return ModelEntry(name, task, tuple(int(n) for n in shape), factory, optimizer)
 
 
 def build_model(name: str, num_classes: int, weights_seed: int) -> "nn.Module":

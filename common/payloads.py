@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from .limits import MAX_BATCH_SIZES, BatchSize, SampleCount, Seed
 from .models import Optimizer, get_model
 from .schemas import (
+    ID_PATTERN,
     PAPER_BATCH_SIZES,
     BatchSizes,
     DatasetRef,
@@ -27,11 +29,11 @@ class ProfileRequest(Strict):
     `owner` holds the claim on the table when the request is sent; a request whose owner no
     longer holds it (the claim was released after its worker was lost) is stale and skipped."""
 
-    device_id: str
+    device_id: str = Field(pattern=ID_PATTERN)
     device_type: str
     owner: str = Field(description="who claimed the table's production: a job id, or the command that asked")
     model: str
-    batch_sizes: BatchSizes = Field(min_length=1)
+    batch_sizes: BatchSizes = Field(min_length=1, max_length=MAX_BATCH_SIZES)
     options: ProfilingOptions
     optimizer: Optimizer = Field(description="the optimizer whose step is timed: the model's own")
     power_cap_w: float | None = Field(None, gt=0, description="board power cap (W) a staircase profile is made for")
@@ -70,18 +72,18 @@ class ProfileResult(Strict):
 class FinetuneRequest(Strict):
     """Fine-tune on device `device_id` with the selected (batch size, frequency) until the target."""
 
-    job_id: str
-    device_id: str
+    job_id: str = Field(pattern=ID_PATTERN)
+    device_id: str = Field(pattern=ID_PATTERN)
     model: str
     weights: str
     dataset: DatasetRef
     target_accuracy: float = Field(gt=0, lt=1)
-    batch_size: int = Field(gt=0)
+    batch_size: BatchSize
     frequency_hz: int = Field(gt=0)
     lr: LearningRatePolicy
-    eval_every_samples: int = Field(gt=0)
-    max_samples: int = Field(gt=0)
-    seed: int
+    eval_every_samples: SampleCount
+    max_samples: SampleCount
+    seed: Seed
 
 
 def finetune_request(job_id: str, spec: JobSpec, target: DeviceTarget, selection: Selection) -> FinetuneRequest:
@@ -112,8 +114,8 @@ class ProxyRunRequest(Strict):
     """One proxy training run of an estimation: one batch size, one seed."""
 
     request: EstimationRequest
-    batch_size: int = Field(gt=0)
-    seed: int
+    batch_size: BatchSize
+    seed: Seed
 
 
 class PretrainRequest(Strict):
@@ -121,10 +123,10 @@ class PretrainRequest(Strict):
 
     model: str
     dataset: DatasetRef
-    samples: int = Field(gt=0)
-    batch_size: int = Field(128, gt=0)
+    samples: SampleCount
+    batch_size: BatchSize = 128
     lr: LearningRatePolicy = Field(default_factory=LearningRatePolicy)
-    seed: int = 0
+    seed: Seed = 0
 
 
 class PretrainResult(Strict):

@@ -12,15 +12,13 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from .control_axis import ClockObservation, ControlAxis
+from .limits import (
+    MAX_BATCH_SIZE, MAX_BATCH_SIZES, MAX_DEVICES, MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_SEEDS, BatchSize, ProfileBatches,
+    SampleCount, Seed,
+)  # fmt: skip
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 PAPER_BATCH_SIZES = [4, 8, 16, 32, 64, 128]
-# Bounds on what a spec may ask, so that no request occupies a worker without end.
-MAX_BATCH_SIZE = 4096
-MAX_SEEDS = 16
-MAX_DEVICES = 10_000
-MAX_SAMPLES = 100_000_000
-MAX_MEASURED_BATCHES = 1000
 
 
 def utc_now() -> datetime:
@@ -35,8 +33,9 @@ def checked_batch_sizes(value: list[int]) -> list[int]:
     return sorted(set(value))
 
 
-BatchSizes = Annotated[list[int], AfterValidator(checked_batch_sizes)]  # sorted powers of two, each once
-Seeds = Annotated[list[int], AfterValidator(lambda seeds: sorted(set(seeds)))]  # sorted, each once
+# sorted powers of two up to MAX_BATCH_SIZE, each once (the element type bounds a single value first)
+BatchSizes = Annotated[list[BatchSize], AfterValidator(checked_batch_sizes)]
+Seeds = Annotated[list[Seed], AfterValidator(lambda seeds: sorted(set(seeds)))]  # sorted, each once
 
 
 class Strict(BaseModel):
@@ -54,7 +53,7 @@ class DatasetRef(Strict):
 
     name: str = Field(min_length=1)
     fraction: float = Field(1.0, gt=0, le=1)
-    path: str | None = None  # for user data (image folder, .npz, text file)
+    path: str | None = Field(None, max_length=MAX_PATH_CHARS)  # for user data (image folder, .npz, text file)
 
 
 class LearningRatePolicy(Strict):
@@ -83,8 +82,8 @@ class ProfilingOptions(Strict):
     """How a lookup table is measured."""
 
     samples: int = Field(1024, gt=0, le=10_000_000, description="N_s: samples the time table is scaled to")
-    warmup_batches: int = Field(1, ge=0, le=MAX_MEASURED_BATCHES)
-    measure_batches: int = Field(3, gt=0, le=MAX_MEASURED_BATCHES)
+    warmup_batches: ProfileBatches = Field(1, ge=0)
+    measure_batches: ProfileBatches = Field(3, gt=0)
     mode: Literal["grid", "staircase"] = "grid"
     force: bool = Field(False, description="profile again even when a current table exists")
 
@@ -93,19 +92,17 @@ class JobSpec(Strict):
     """What a user submits: fine-tune `model` from `weights` on each device's data to
     `target_accuracy`, choosing (batch size, GPU frequency) per device under its cap."""
 
-    model: str = Field(min_length=1)
-    weights: str = Field("init:0", description="'init:<seed>' or an artifact URL")
+    model: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    weights: str = Field("init:0", max_length=MAX_NAME_CHARS, description="'init:<seed>' or an artifact URL")
     dataset: DatasetRef
     proxy_dataset: DatasetRef
     target_accuracy: float = Field(gt=0, lt=1)
     devices: list[DeviceTarget] = Field(min_length=1, max_length=MAX_DEVICES)
-    batch_sizes: BatchSizes = Field(default_factory=lambda: list(PAPER_BATCH_SIZES), min_length=1)
+    batch_sizes: BatchSizes = Field(default_factory=lambda: list(PAPER_BATCH_SIZES), min_length=1, max_length=MAX_BATCH_SIZES)
     seeds: Seeds = Field(default_factory=lambda: [0], min_length=1, max_length=MAX_SEEDS)
     lr: LearningRatePolicy = Field(default_factory=LearningRatePolicy)
-    eval_every_samples: int = Field(512, gt=0, le=MAX_SAMPLES, description="accuracy is checked this often")
-    max_samples: int = Field(
-        200_000, gt=0, le=MAX_SAMPLES, description="budget; a run that has not reached the target by then is censored"
-    )
+    eval_every_samples: SampleCount = Field(512, description="accuracy is checked this often")
+    max_samples: SampleCount = Field(200_000, description="budget; a run that has not reached the target by then is censored")
     profiling: ProfilingOptions = Field(default_factory=ProfilingOptions)
     device_grace_s: float = Field(
         120.0, ge=0, le=7 * 24 * 3600, description="how long a part waits for a device that stopped heartbeating before it fails (s)"
@@ -141,15 +138,15 @@ class JobSpec(Strict):
 class EstimationRequest(Strict):
     """Everything a relation vector depends on; identical requests share one vector."""
 
-    model: str
-    weights: str
+    model: str = Field(max_length=MAX_NAME_CHARS)
+    weights: str = Field(max_length=MAX_NAME_CHARS)
     proxy_dataset: DatasetRef
     target_accuracy: float = Field(gt=0, lt=1)
-    batch_sizes: BatchSizes = Field(min_length=1)
+    batch_sizes: BatchSizes = Field(min_length=1, max_length=MAX_BATCH_SIZES)
     seeds: Seeds = Field(min_length=1, max_length=MAX_SEEDS)
     lr: LearningRatePolicy
-    eval_every_samples: int = Field(gt=0, le=MAX_SAMPLES)
-    max_samples: int = Field(gt=0, le=MAX_SAMPLES)
+    eval_every_samples: SampleCount
+    max_samples: SampleCount
 
 
 # --------------------------------------------------------------------------- fleet

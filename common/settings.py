@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .keys import DEFAULT_PREFIX
+from .secret_files import read_secret, url_with_password
 
 
 class Settings(BaseSettings):
@@ -43,6 +46,54 @@ class Settings(BaseSettings):
         if self.lease_ttl_s <= self.heartbeat_s:
             raise ValueError(f"lease_ttl_s={self.lease_ttl_s} must be longer than heartbeat_s={self.heartbeat_s} (leases renew at that period)")
         return self
+    # security (docs/security.md)
+    redis_url_file: Path | None = Field(None, description="a file holding the Redis URL (its password stays out of `ps`)")
+    redis_password_file: Path | None = Field(None, description="a file holding the password of the Redis URL's user")
+    allowed_model_modules: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="comma-separated modules user models may be imported from; empty: registered models only"
+    )
+    data_roots: Annotated[tuple[Path, ...], NoDecode] = Field(
+        (), description=f"{os.pathsep}-separated folders a dataset.path may point into; empty: data_dir only"
+    )
+    signing_key: Path | None = Field(None, description="PEM private key that signs the task messages this process sends")
+    signing_certificate: Path | None = Field(None, description="PEM certificate of signing_key")
+    signing_cert_store: Path | None = Field(None, description="folder of the PEM certificates whose signatures are accepted")
+
+    @field_validator("allowed_model_modules", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        return tuple(m.strip() for m in value.split(",") if m.strip()) if isinstance(value, str) else value
+
+    @field_validator("data_roots", mode="before")
+    @classmethod
+    def _path_separated(cls, value: object) -> object:
+        return tuple(p for p in value.split(os.pathsep) if p) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _redis_url_from_files(self) -> "Settings":
+        if self.redis_url_file is not None:
+            self.redis_url = read_secret("redis_url_file", self.redis_url_file)
+        if self.redis_password_file is not None:
+            self.redis_url = url_with_password(self.redis_url, read_secret("redis_password_file", self.redis_password_file))
+        return self
+
+    def readable_data_roots(self) -> tuple[Path, ...]:
+        """Where user data may be read from: data_roots, else data_dir."""
+        return self.data_roots or (self.data_dir,)
+
+    @model_validator(mode="after")
+    def _signing_complete(self) -> "Settings":
+        given = {"signing_key": self.signing_key, "signing_certificate": self.signing_certificate,
+                 "signing_cert_store": self.signing_cert_store}  # fmt: skip
+        missing = [name for name, value in given.items() if value is None]
+        if missing and len(missing) < len(given):
+            raise ValueError(f"message signing needs signing_key, signing_certificate and signing_cert_store; missing: {missing}")
+        return self
+
+    @property
+    def signing(self) -> bool:
+        """Whether task messages are signed and only signed ones accepted."""
+        return self.signing_key is not None
 
 
 @lru_cache(maxsize=1)

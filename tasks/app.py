@@ -11,6 +11,8 @@ from celery import Celery
 from edgetrain.common.settings import Settings
 
 from .contract import CONTROL_QUEUE, FIXED_ROUTES, TaskName
+from .signing import enable_signing, signing_config
+from .tls import tls_config
 
 TASK_MODULES = ("edgetrain.tasks.workflow", "edgetrain.tasks.server", "edgetrain.tasks.device")
 
@@ -45,6 +47,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": CONTROL_QUEUE,
         "task_routes": {task.value: {"queue": queue} for task, queue in FIXED_ROUTES.items()},
         "task_annotations": time_limits(settings),
+        **signing_config(settings),
+        **tls_config(settings.redis_url),
     }
 
 
@@ -69,6 +73,7 @@ def time_limits(settings: Settings) -> dict[str, dict[str, int]]:
 def configure(settings: Settings, task_modules: tuple[str, ...] = TASK_MODULES) -> Celery:
     """Configure the worker app from `settings` and import the task modules it runs."""
     app.conf.update(celery_config(settings), include=list(task_modules))
+    enable_signing(app, settings)
     app.loader.import_default_modules()
     return app
 
@@ -77,4 +82,5 @@ def producer_app(settings: Settings) -> Celery:
     """An app that sends tasks by name (no task module imported, so no PyTorch)."""
     producer = Celery("edgetrain-producer", set_as_current=False)
     producer.conf.update(celery_config(settings))
+    enable_signing(producer, settings)
     return producer

@@ -10,14 +10,13 @@ from typing import Any, Callable, TypeVar
 
 from pydantic import ValidationError
 
-from edgetrain.common.datasets import dataset_names
+from edgetrain.common.admission import job_problems
 from edgetrain.common.jobs import JobStatus
 from edgetrain.common.keys import DEFAULT_PREFIX, vector_key, vector_resource
-from edgetrain.common.models import get_model
 from edgetrain.common.payloads import PretrainRequest, PretrainResult
 from edgetrain.common.reports import JobReport
 from edgetrain.common.schemas import DatasetRef, DeviceInfo, EstimationRequest, JobSpec, RelationVector
-from edgetrain.common.settings import Settings
+from edgetrain.common.settings import Settings, get_settings
 from edgetrain.common.store import JobNotFoundError, Store
 
 from .app import producer_app
@@ -31,22 +30,17 @@ class JobSpecError(ValueError):
 
 
 def validate_job(spec: JobSpec | dict[str, Any]) -> JobSpec:
-    """Validate a job spec; raises JobSpecError naming every bad field."""
+    """Validate a job spec without importing or reading anything it names; raises
+    JobSpecError naming every bad field. A user model's module is checked against
+    EDGETRAIN_ALLOWED_MODEL_MODULES when this process has it (the workers always do)."""
     try:
         job = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
     except ValidationError as exc:
         lines = [f"{'.'.join(map(str, e['loc'])) or '(job)'}: {e['msg']}" for e in exc.errors()]
         raise JobSpecError("invalid job spec:\n  " + "\n  ".join(lines)) from None
-    try:
-        get_model(job.model)
-    except ValueError as exc:
-        raise JobSpecError(f"invalid job spec:\n  {exc}") from None
-    known = set(dataset_names())
-    refs = {"dataset": job.dataset, "proxy_dataset": job.proxy_dataset}
-    refs.update({f"devices.{i}.dataset": d.dataset for i, d in enumerate(job.devices) if d.dataset})
-    unknown = [f"{field}.name: unknown dataset {ref.name!r}; available: {sorted(known)}" for field, ref in refs.items() if ref.name not in known]
-    if unknown:
-        raise JobSpecError("invalid job spec:\n  " + "\n  ".join(unknown))
+    problems = job_problems(job, get_settings().allowed_model_modules or None)
+    if problems:
+        raise JobSpecError("invalid job spec:\n  " + "\n  ".join(problems))
     return job
 
 
@@ -67,9 +61,11 @@ class EdgeTrainClient:
     """Submits jobs and reads their state from the cluster whose Redis is at `redis_url`."""
 
     def __init__(self, redis_url: str, key_prefix: str = DEFAULT_PREFIX):
-        settings = Settings(redis_url=redis_url, key_prefix=key_prefix)
-        self.redis_url = redis_url
-        self.store = Store.connect(redis_url, key_prefix)
+        """`redis_url` as given (not EDGETRAIN_REDIS_URL_FILE); EDGETRAIN_REDIS_PASSWORD_FILE,
+        when set, gives its user's password."""
+        settings = Settings(redis_url=redis_url, key_prefix=key_prefix, redis_url_file=None)
+        self.redis_url = settings.redis_url
+        self.store = Store.connect(settings.redis_url, key_prefix)
         self.app = producer_app(settings)
 
     def submit(self, job_spec: JobSpec | dict[str, Any]) -> str:

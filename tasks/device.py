@@ -16,7 +16,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.utils.log import get_task_logger
 
 from edgetrain.common.artifacts import initial_model
-from edgetrain.common.checkpoints import checkpoint_path, load_checkpoint, save_checkpoint
+from edgetrain.common.checkpoints import checkpoint_name, load_checkpoint, save_checkpoint
 from edgetrain.common.datasets.loading import load_dataset
 from edgetrain.common.jobs import AttemptLog, CheckpointRef, EventKind, FinetuneProgress, PartState
 from edgetrain.common.keys import table_id, table_resource
@@ -100,7 +100,7 @@ def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
     changes = {"state": PartState.completed, "report": report, "waiting": None}
     if s.jobs.update_part(job_id, device_id, changes, PartState.finetuning):
         s.jobs.event(job_id, EventKind.completed, f"completed, accuracy {report.final_accuracy:.3f}", device_id)
-    checkpoint_path(settings().artifact_dir, job_id, device_id).unlink(missing_ok=True)
+    (settings().artifact_dir / checkpoint_name(job_id, device_id)).unlink(missing_ok=True)
     send(app, TaskName.advance_job, job_id)
     return report
 
@@ -141,16 +141,16 @@ def _finetune(request: FinetuneRequest) -> RunReport:
     log = _count_attempt(request)
     entry = get_model(request.model)
     data = load_dataset(request.dataset, entry, SPLIT_SEED)
-    model = initial_model(request.model, request.weights, data.num_classes)
+    model = initial_model(request.model, request.weights, data.num_classes, settings().artifact_dir)
     device.bind_workload(measure_workload(request.model, model, entry.example_input(data.num_classes)))
     b, f = request.batch_size, request.frequency_hz
     trainer = Trainer(model, make_optimizer(model, request.lr, b), b, data.train, data.test, seed=request.seed)
     totals = None
     checkpoint = s.jobs.checkpoint(job_id, device_id)
     if log.attempts > 1 and checkpoint is not None:
-        totals = load_checkpoint(checkpoint.url, trainer)
+        totals = load_checkpoint(checkpoint.url, settings().artifact_dir, trainer)
         s.jobs.event(job_id, EventKind.resumed, f"attempt {log.attempts} resumed from the checkpoint at {trainer.samples} samples", device_id)
-    path, every_s = checkpoint_path(settings().artifact_dir, job_id, device_id), settings().checkpoint_every_s
+    store_dir, name, every_s = settings().artifact_dir, checkpoint_name(job_id, device_id), settings().checkpoint_every_s
     started = last_checkpoint = time.perf_counter()
 
     def on_evaluation(samples: int, accuracy: float, run: DeviceTotals) -> None:
@@ -163,7 +163,7 @@ def _finetune(request: FinetuneRequest) -> RunReport:
             ),
         )  # fmt: skip
         if time.perf_counter() - last_checkpoint >= every_s:
-            url = save_checkpoint(trainer, run, path)
+            url = save_checkpoint(trainer, run, name, store_dir)
             ref = CheckpointRef(url=url, samples=samples, steps=trainer.steps, device_time_s=run.elapsed_s, energy_j=run.energy_j)
             s.jobs.set_checkpoint(job_id, device_id, ref)
             last_checkpoint = time.perf_counter()

@@ -13,6 +13,7 @@ from datetime import datetime
 
 from celery.utils.log import get_task_logger
 
+from edgetrain.common.admission import job_refusal
 from edgetrain.common.jobs import TERMINAL, DevicePart, EventKind, JobState, PartState, job_state
 from edgetrain.common.keys import table_resource, vector_resource
 from edgetrain.common.planner import Decision, Fail, FineTune, PartView, Prepare, Wait, plan, resource_ids
@@ -91,18 +92,22 @@ def advance_job(job_id: str) -> str:
         logger.warning("advance_job: no job %s", job_id)
         return "unknown job"
     spec = record.spec
+    refusal = job_refusal(spec, settings().allowed_model_modules)  # a spec written past the client
     with s.lock(s.keys.job_lock(job_id), JOB_LOCK_TIMEOUT_S):
         reader = _Reader(s, job_id, spec, record.created_at)
         ids = [d.device_id for d in spec.devices]
         for target, part in zip(spec.devices, s.jobs.parts(job_id, ids)):
             if part.state in TERMINAL:
                 continue
+            if refusal:
+                _fail(job_id, part, refusal)
+                continue
             try:
                 view = reader.view(target, part)
                 _apply(job_id, part, view, plan(view))
             except Exception as exc:  # a bug or a model this worker cannot load: fail the part, say why
                 logger.exception("advancing %s/%s failed", job_id, part.device_id)
-                _apply(job_id, part, None, Fail(f"planning failed: {type(exc).__name__}: {exc}"))
+                _fail(job_id, part, f"planning failed: {type(exc).__name__}: {exc}")
         parts = s.jobs.parts(job_id, ids)
         state = job_state(parts)
         if state not in (JobState.queued, JobState.running) and s.coordination.once(f"finished:{job_id}"):
@@ -121,9 +126,7 @@ def _apply(job_id: str, part: DevicePart, view: PartView | None, decision: Decis
                 _release_table_claim(job_id, view, part)
         return
     if isinstance(decision, Fail):
-        changes = {"state": PartState.failed, "reason": decision.reason, "waiting": None}
-        if s.jobs.update_part(job_id, device_id, changes, seen):
-            s.jobs.event(job_id, EventKind.failed, f"failed: {decision.reason}", device_id)
+        _fail(job_id, part, decision.reason)
         return
     identity = {"device_type": decision.device.device_type, "simulated": decision.device.simulated, "waiting": None}
     if isinstance(decision, Prepare):
@@ -148,6 +151,13 @@ def _release_table_claim(job_id: str, view: PartView | None, part: DevicePart) -
     resource = table_resource(resource_ids(view.spec, part.device_type)[0])
     if store().coordination.release_if_held_by(resource, job_id):
         notify_waiters(resource)
+
+
+def _fail(job_id: str, part: DevicePart, reason: str) -> None:
+    """Fail a part (which was read in `part.state`) with `reason`."""
+    s = store()
+    if s.jobs.update_part(job_id, part.device_id, {"state": PartState.failed, "reason": reason, "waiting": None}, part.state):
+        s.jobs.event(job_id, EventKind.failed, f"failed: {reason}", part.device_id)
 
 
 def _ensure_table(job_id: str, view: PartView, decision: Prepare) -> None:

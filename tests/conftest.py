@@ -3,6 +3,7 @@ fetchable datasets."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -31,6 +32,16 @@ def store(redis_server: EmbeddedRedis) -> Store:
 @pytest.fixture
 def tmp(tmp_path: Path) -> Path:
     return tmp_path
+
+
+@pytest.fixture
+def tmp_data_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """tmp_path as a data root besides the data directory, for tests that read their own files
+    as user data (dataset.path is read only inside the data roots)."""
+    monkeypatch.setenv("EDGETRAIN_DATA_ROOTS", os.pathsep.join([str(get_settings().data_dir), str(tmp_path)]))
+    get_settings.cache_clear()
+    yield tmp_path
+    get_settings.cache_clear()
 
 
 APT_DATASETS = {"fashion_mnist", "austen"}

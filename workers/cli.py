@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 from pydantic import ValidationError
 
 
-from .cli_args import ExitCode, connection_options, settings_from
+from .cli_args import ExitCode, connection_options, settings_from, warn_secret_on_command_line
 from .output import format_data_fetch, format_data_status, format_fleet, format_report, format_selection, format_status
 from .output import print_json
 from .device_cli import add_device_commands
@@ -139,18 +138,34 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_flower(args: argparse.Namespace) -> int:
-    from edgetrain.tasks import context
+    from .flower import FlowerConfigError, checked_basic_auth, read_basic_auth, run_flower
 
-    context.init(settings_from(args), task_modules=())
-    argv = ["flower", f"--port={args.port}", f"--address={args.address}"]
-    if args.basic_auth or os.environ.get("EDGETRAIN_FLOWER_BASIC_AUTH"):
-        argv.append(f"--basic-auth={args.basic_auth or os.environ['EDGETRAIN_FLOWER_BASIC_AUTH']}")
-    context.app().start(argv=argv)
+    if args.basic_auth:
+        warn_secret_on_command_line("--basic-auth", "--basic-auth-file or EDGETRAIN_FLOWER_BASIC_AUTH_FILE")
+    try:
+        basic_auth = checked_basic_auth(args.basic_auth) if args.basic_auth else read_basic_auth(args.basic_auth_file)
+        run_flower(settings_from(args), args.address, args.port, basic_auth)
+    except FlowerConfigError as exc:
+        print(f"edgetrain flower: {exc}", file=sys.stderr)
+        return ExitCode.usage
+    return ExitCode.ok
+
+
+def cmd_redis_acl(args: argparse.Namespace) -> int:
+    from .redis_acl import acl_file, read_passwords
+
+    try:
+        print(acl_file(read_passwords(args.passwords), args.key_prefix), end="")
+    except (OSError, ValueError) as exc:
+        print(f"edgetrain redis-acl: {exc}", file=sys.stderr)
+        return ExitCode.usage
     return ExitCode.ok
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `edgetrain` argument parser with every subcommand."""
+    from edgetrain.common.keys import DEFAULT_PREFIX
+
     parser = argparse.ArgumentParser(prog="edgetrain", description=__doc__, parents=[connection_options()])
     conn = [connection_options(suppress_defaults=True)]
     sub = parser.add_subparsers(dest="command", required=True)
@@ -214,8 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("flower", help="run Flower (Celery monitoring) for this cluster", parents=conn)
     p.add_argument("--port", type=int, default=5555)
     p.add_argument("--address", default="127.0.0.1")
-    p.add_argument("--basic-auth", help="user:password (or $EDGETRAIN_FLOWER_BASIC_AUTH)")
+    p.add_argument("--basic-auth-file", type=Path, help="a file holding user:password (or $EDGETRAIN_FLOWER_BASIC_AUTH_FILE)")
+    p.add_argument("--basic-auth", help="user:password; visible in ps: prefer --basic-auth-file")
     p.set_defaults(func=cmd_flower)
+
+    p = sub.add_parser("redis-acl", help="print a Redis ACL file with a user per role (worker, submitter, monitor)")
+    p.add_argument("--passwords", type=Path, required=True, help="folder of <role>.password files")
+    p.add_argument("--key-prefix", default=DEFAULT_PREFIX, help="edgetrain's key prefix (EDGETRAIN_KEY_PREFIX)")
+    p.set_defaults(func=cmd_redis_acl)
     return parser
 
 

@@ -1,4 +1,7 @@
-"""Where each dataset's files are, how to tell they are complete, and how to get them."""
+"""Where each dataset's files are, how to tell they are complete, and how to get them.
+
+A dataset.path is read only inside the data roots (`EDGETRAIN_DATA_ROOTS`, default
+`EDGETRAIN_DATA_DIR`): relative to them, or absolute inside them, symbolic links resolved."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..schemas import DatasetRef
+from ..security import data_path
 from ..settings import get_settings
 
 
@@ -97,15 +101,21 @@ def locate(name: str, path: str | None = None, data_dir: Path | None = None) -> 
     """The folder holding dataset `name`: `path` if given, else the first complete one of its
     usual places (data_dir defaults to settings.data_dir). DatasetMissingError says how to get it."""
     source = SOURCES[name]
-    folders = [Path(path)] if path else source.folders(data_dir or get_settings().data_dir)
+    folders = [user_data(path)] if path else source.folders(data_dir or get_settings().data_dir)
     for folder in folders:
         if source.complete(folder):
             return folder
     raise DatasetMissingError(f"dataset {name!r}: not found in {[str(f) for f in folders]}; {source.how_to_get}")
 
 
+def user_data(path: str) -> Path:
+    """A dataset.path resolved inside the data roots; RefusedError when it leads out of them."""
+    return data_path(path, get_settings().readable_data_roots())
+
+
 def user_path(ref: DatasetRef, expected: str, ok: Callable[[Path], bool]) -> Path:
-    """The user's own data at ref.path, checked with `ok`."""
-    if ref.path and ok(Path(ref.path)):
-        return Path(ref.path)
+    """The user's own data at ref.path (inside the data roots), checked with `ok`."""
+    path = user_data(ref.path) if ref.path else None
+    if path and ok(path):
+        return path
     raise DatasetMissingError(f"dataset {ref.name!r}: path={ref.path!r} is not {expected}; set dataset.path to it")

@@ -18,6 +18,8 @@ from edgetrain.common.datasets.text import TEXT_LOADERS, VOCAB, decode_text, enc
 from edgetrain.common.models import get_model
 from edgetrain.common.schemas import DatasetRef
 
+pytestmark = pytest.mark.usefixtures("tmp_data_root")  # user data in tmp_path is read as a data root
+
 
 def load(name: str, model: str, fraction: float = 1.0, seed: int = 0, path: Path | None = None):
     ref = DatasetRef(name=name, fraction=fraction, path=str(path) if path else None)

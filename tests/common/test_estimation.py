@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from edgetrain.common.artifacts import ArtifactError, initial_model
@@ -77,16 +79,16 @@ def test_learning_rate_follows_the_square_root_rule_in_the_optimizer() -> None:
 
 def test_pretrained_weights_are_published_and_loaded_by_reference(tmp) -> None:
     url, accuracy = pretrain("smallcnn", DatasetRef(name="digits"), 2000, 64, LearningRatePolicy(), 0, tmp)
-    assert url.startswith("file://") and "#sha256=" in url and accuracy > 0.5
-    model = initial_model("smallcnn", url, 10)
+    assert re.fullmatch(r"artifact:smallcnn-digits-2000-[0-9a-f]{12}\.pt#sha256=[0-9a-f]{64}", url) and accuracy > 0.5
+    model = initial_model("smallcnn", url, 10, store=tmp)
     fresh = initial_model("smallcnn", "init:0", 10)
     assert not model.features[0].weight.equal(fresh.features[0].weight)
-    five = initial_model("smallcnn", url, 5)  # another task: the head is new, the body is kept
+    five = initial_model("smallcnn", url, 5, store=tmp)  # another task: the head is new, the body is kept
     assert five.head[1].out_features == 5 and five.features[0].weight.equal(model.features[0].weight)
-    path = url.removeprefix("file://").split("#")[0]
+    path = tmp / url.removeprefix("artifact:").split("#")[0]
     with open(path, "ab") as f:
         f.write(b"tampered")
     with pytest.raises(ArtifactError, match="sha256"):
-        initial_model("smallcnn", url, 10)
+        initial_model("smallcnn", url, 10, store=tmp)
     with pytest.raises(ArtifactError, match="init:<integer seed>"):
         initial_model("smallcnn", "init:x", 10)

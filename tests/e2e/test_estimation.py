@@ -1,5 +1,6 @@
 """The relation vector on a pool of two real server worker processes."""
 
+import re
 import time
 
 import pytest
@@ -51,4 +52,5 @@ def test_censored_batch_size_is_reported(cluster) -> None:
 
 def test_pretrain_on_the_server_publishes_weights(cluster, tmp) -> None:
     result = EdgeTrainClient(cluster.redis_url).pretrain("smallcnn", {"name": "digits"}, 1000, timeout_s=120, batch_size=32)
-    assert result.weights.startswith("file://") and 0 < result.test_accuracy <= 1
+    assert re.fullmatch(r"artifact:smallcnn-digits-1000-[0-9a-f]{12}\.pt#sha256=[0-9a-f]{64}", result.weights)
+    assert 0 < result.test_accuracy <= 1

@@ -14,6 +14,8 @@ from edgetrain.common.schemas import DatasetRef
 from edgetrain.common.settings import get_settings
 from edgetrain.workers.data_fetch import FETCHERS, _unpack_deb, fetch, status
 
+pytestmark = pytest.mark.usefixtures("tmp_data_root")  # user data in tmp_path is read as a data root
+
 
 def load(name: str, model: str, path: Path | None = None):
     return load_dataset(DatasetRef(name=name, path=str(path) if path else None), get_model(model), 0)

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
 from edgetrain.common.models import get_model
 from edgetrain.common.profiling import profile
 from edgetrain.common.schemas import DeviceInfo, LearningRatePolicy, ProfileTable, ProfilingOptions, RelationVector
+from edgetrain.common.settings import get_settings
 from edgetrain.common.keys import table_id
 from edgetrain.workers.cli import main as edgetrain_main
 from edgetrain.workers.cluster import LocalCluster
@@ -106,9 +108,17 @@ def test_run_times_out_on_a_stale_claim(store, redis_server, nano_7, capsys) -> 
     assert "is stale" in capsys.readouterr().err
 
 
+UNBUILDABLE = "def build(num_classes, input_shape):\n    return None  # not a network\n"
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("cluster"), devices={"nano-9": "sim:jetson-nano"}, server_workers=0) as c:
+    base = tmp_path_factory.mktemp("cluster")
+    (base / "modules").mkdir()
+    (base / "modules" / "unbuildable.py").write_text(UNBUILDABLE)
+    env = {"EDGETRAIN_ALLOWED_MODEL_MODULES": "unbuildable",
+           "PYTHONPATH": os.pathsep.join([str(base / "modules"), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    with LocalCluster(base, devices={"nano-9": "sim:jetson-nano"}, server_workers=0, env=env) as c:
         yield c
 
 
@@ -143,8 +153,14 @@ def test_run_stores_staircase_then_grid_and_force_profiles_again(cluster, capsys
 
 
 @pytest.mark.e2e
-def test_run_reports_a_failure_on_the_device(cluster, capsys) -> None:
-    assert run(cluster, "--model", "math:sqrt", "--batch-sizes", "4") == 1  # the factory cannot build a model
+def test_run_reports_a_failure_on_the_device(cluster, capsys, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(cluster.workdir / "modules"))
+    monkeypatch.setenv("EDGETRAIN_ALLOWED_MODEL_MODULES", "unbuildable")
+    get_settings.cache_clear()
+    try:
+        assert run(cluster, "--model", "unbuildable:build", "--batch-sizes", "4") == 1  # the factory cannot build a model
+    finally:
+        get_settings.cache_clear()
     assert "profiling failed: profiling on nano-9 failed:" in capsys.readouterr().err
 
 

@@ -1,0 +1,81 @@
+"""Flower (Celery monitoring) for an edgetrain cluster, never open to the network without a login.
+
+Flower can read every task's arguments and can shut workers down, so it listens on loopback
+unless authentication is configured: HTTP basic auth from a file (`--basic-auth-file`,
+`EDGETRAIN_FLOWER_BASIC_AUTH_FILE`) or the environment (`EDGETRAIN_FLOWER_BASIC_AUTH`), or
+Flower's own `FLOWER_BASIC_AUTH` / `FLOWER_AUTH` (OAuth). Flower's HTTP API answers only with
+authentication, or on any address with `FLOWER_UNAUTHENTICATED_API=true`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+from edgetrain.common.secret_files import read_secret
+from edgetrain.common.settings import Settings
+
+AUTH_ENV = "EDGETRAIN_FLOWER_BASIC_AUTH"
+FLOWER_AUTH_ENV = ("FLOWER_BASIC_AUTH", "FLOWER_AUTH")  # Flower's own options, read by Flower
+
+
+class FlowerConfigError(ValueError):
+    """Flower would serve the network without a login, or its credentials are unreadable."""
+
+
+def is_loopback(address: str) -> bool:
+    """Whether `address` (an IP address or host name) is only reachable from this machine."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def read_basic_auth(file: Path | None) -> str | None:
+    """user:password from `file`, else $EDGETRAIN_FLOWER_BASIC_AUTH_FILE, else
+    $EDGETRAIN_FLOWER_BASIC_AUTH; None when none is set."""
+    file = file or (Path(os.environ[f"{AUTH_ENV}_FILE"]) if os.environ.get(f"{AUTH_ENV}_FILE") else None)
+    if file is not None:
+        try:
+            value = read_secret("Flower credentials", file)
+        except ValueError as exc:
+            raise FlowerConfigError(str(exc)) from None
+    else:
+        value = os.environ.get(AUTH_ENV, "").strip()
+    return checked_basic_auth(value) if value else None
+
+
+def checked_basic_auth(value: str) -> str:
+    """`value` if it is user:password (several separated by commas); FlowerConfigError otherwise."""
+    if any(":" not in pair for pair in value.split(",")):
+        raise FlowerConfigError("Flower credentials must be user:password (several separated by commas)")
+    return value
+
+
+def exposure_problem(address: str, basic_auth: str | None) -> str | None:
+    """Why Flower may not listen on `address` with these credentials, or None."""
+    if is_loopback(address) or basic_auth or any(os.environ.get(name) for name in FLOWER_AUTH_ENV):
+        return None
+    return (
+        f"refusing to serve Flower on {address} without authentication: anyone who reaches it could read "
+        f"every task and shut workers down. Give --basic-auth-file FILE (user:password) or set "
+        f"{AUTH_ENV}_FILE, or listen on 127.0.0.1 (the default)"
+    )
+
+
+def run_flower(settings: Settings, address: str, port: int, basic_auth: str | None) -> None:
+    """Run Flower for the cluster of `settings` until it is stopped; FlowerConfigError first
+    when it would serve the network without a login."""
+    problem = exposure_problem(address, basic_auth)
+    if problem:
+        raise FlowerConfigError(problem)
+    from edgetrain.tasks import context
+
+    context.init(settings, task_modules=())
+    argv = ["flower", f"--port={port}", f"--address={address}"]
+    if basic_auth:
+        argv.append(f"--basic-auth={basic_auth}")  # Flower's own argv, not this process's: not in `ps`
+    context.app().start(argv=argv)
