@@ -1,0 +1,2 @@
+"""The domain, no Celery: schemas, settings, the Redis store, devices, models, datasets, training,
+profiling, estimation, selection and the job planner."""

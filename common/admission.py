@@ -5,7 +5,7 @@ again, against its own allow-list, before anything is dispatched."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .datasets.registry import dataset_names
 from .models import model_names, unknown_model_message

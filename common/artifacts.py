@@ -17,7 +17,13 @@ import torch
 from torch import nn
 
 from .models import build_model
-from .security import RefusedError, artifact_path, artifact_url, init_seed, safe_file_name
+from .security import (
+    RefusedError,
+    artifact_path,
+    artifact_url,
+    init_seed,
+    safe_file_name,
+)
 from .settings import get_settings
 
 
@@ -55,6 +61,7 @@ def get_bytes(url: str, store: Path) -> bytes:
 
 
 def put_state_dict(model: nn.Module, name: str, folder: Path) -> str:
+    """Store a model's weights (a state_dict) in the store `folder`; returns its reference."""
     buffer = io.BytesIO()
     torch.save(model.state_dict(), buffer)
     return put_bytes(buffer.getvalue(), name, folder)

@@ -22,6 +22,7 @@ DRIVER_CHOICE = 0  # the single setting of the driver_clock axis
 
 
 class ControlAxis(str, Enum):
+    """What a device's settings are: locked GPU clocks (Hz), the driver's choice, or power limits (mW)."""
     GPU_CLOCK_HZ = "gpu_clock_hz"
     DRIVER_CLOCK = "driver_clock"
     POWER_LIMIT_MW = "power_limit_mw"

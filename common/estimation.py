@@ -10,7 +10,13 @@ from .artifacts import initial_model, put_state_dict
 from .datasets.loading import load_dataset
 from .keys import vector_key
 from .models import get_model
-from .schemas import DatasetRef, EstimationRequest, LearningRatePolicy, RelationVector, TrainingOutcome
+from .schemas import (
+    DatasetRef,
+    EstimationRequest,
+    LearningRatePolicy,
+    RelationVector,
+    TrainingOutcome,
+)
 from .training import Trainer, make_optimizer, train_to_accuracy
 
 SPLIT_SEED = 0  # the proxy's train/test split is the same for every batch size and seed
@@ -47,16 +53,16 @@ def aggregate(request: EstimationRequest, outcomes: list[TrainingOutcome]) -> Re
     censored: list[bool] = []
     for b in request.batch_sizes:
         runs = [o for o in outcomes if o.batch_size == b]
-        missing = {s for s in request.seeds} - {o.seed for o in runs}
+        missing = set(request.seeds) - {o.seed for o in runs}
         if missing:
             raise ValueError(f"batch size {b}: no outcome for seeds {sorted(missing)}")
         is_censored = any(not o.reached for o in runs)
-        counts = [float(o.samples_to_accuracy) for o in runs if o.reached]
+        counts = [float(o.samples_to_accuracy) for o in runs if o.samples_to_accuracy is not None]
         censored.append(is_censored)
         means.append(None if is_censored else statistics.fmean(counts))
         stds.append(None if is_censored else (statistics.stdev(counts) if len(counts) > 1 else 0.0))
     reached = [(b, m) for b, m in zip(request.batch_sizes, means) if m is not None]
-    reference_b, reference_n = reached[-1] if reached else (None, None)
+    reference_b, reference_n = reached[-1] if reached else (None, 1.0)
     return RelationVector(
         batch_sizes=request.batch_sizes,
         ratios=[None if m is None else m / reference_n for m in means],

@@ -34,8 +34,9 @@ Redis server.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .schemas import EstimationRequest
@@ -48,7 +49,7 @@ def table_id(device_type: str, model: str, input_shape: Sequence[int]) -> str:
     return f"{device_type}:{model}:{'x'.join(map(str, input_shape))}"
 
 
-def vector_key(request: "EstimationRequest") -> str:
+def vector_key(request: EstimationRequest) -> str:
     """The key of a relation vector: a hash of everything it depends on."""
     return hashlib.sha256(request.model_dump_json().encode()).hexdigest()[:24]
 

@@ -16,8 +16,9 @@ environment sets the allow-list).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, get_args
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from .security import split_user_model, user_model_problem
 from .settings import get_settings
@@ -41,14 +42,14 @@ class ModelEntry:
     factory: str | Callable[..., Any]  # "module:function" in edgetrain, or a user's callable
     optimizer: Optimizer = "adam"
 
-    def build(self, num_classes: int) -> "nn.Module":
+    def build(self, num_classes: int) -> nn.Module:
         """A new, randomly initialised network with `num_classes` outputs (vocabulary size for text)."""
         if callable(self.factory):
             return self.factory(num_classes=num_classes, input_shape=self.input_shape)
         module, _, function = self.factory.partition(":")
         return getattr(importlib.import_module(module), function)(num_classes)
 
-    def example_input(self, num_classes: int) -> "torch.Tensor":
+    def example_input(self, num_classes: int) -> torch.Tensor:
         """One input sample with a leading batch dimension of 1."""
         import torch
 
@@ -75,10 +76,12 @@ def register_model(entry: ModelEntry) -> None:
 
 
 def model_names() -> list[str]:
+    """The registered model names, sorted."""
     return sorted(_REGISTRY)
 
 
 def unknown_model_message(name: str) -> str:
+    """The error text for a model name that is neither registered nor an allowed user model."""
     return (
         f"model: unknown model {name!r}; registered: {model_names()}, or 'package.module:factory' "
         "from a module the workers allow (EDGETRAIN_ALLOWED_MODEL_MODULES)"
@@ -111,10 +114,10 @@ def _user_model(name: str, allowed: Sequence[str]) -> ModelEntry:
                               getattr(factory, "optimizer", "adam"))  # fmt: skip
     if task not in get_args(Task) or optimizer not in get_args(Optimizer):
         raise ValueError(f"model {name!r}: task {task!r} or optimizer {optimizer!r} not one of {get_args(Task)}, {get_args(Optimizer)}")
-    return ModelEntry(name, task, tuple(int(n) for n in shape), factory, optimizer)
+    return ModelEntry(name, cast(Task, task), tuple(int(n) for n in shape), factory, cast(Optimizer, optimizer))
 
 
-def build_model(name: str, num_classes: int, weights_seed: int) -> "nn.Module":
+def build_model(name: str, num_classes: int, weights_seed: int) -> nn.Module:
     """A freshly initialised model, deterministic for a seed."""
     import torch
 

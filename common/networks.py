@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
+from typing_extensions import override
 
 
 class SmallCNN(nn.Module):
@@ -17,6 +20,7 @@ class SmallCNN(nn.Module):
         )  # fmt: skip
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(32 * 7 * 7, num_classes))
 
+    @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
 
@@ -36,10 +40,12 @@ class CharTransformer(nn.Module):
         self.head = nn.Linear(width, vocab_size)
         self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq_len), persistent=False)
 
+    @override
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         n = tokens.shape[1]
         x = self.embed(tokens) + self.position[:, :n]
-        x = self.blocks(x, mask=self.mask[:n, :n], is_causal=True)
+        mask = cast(torch.Tensor, self.mask)  # a registered buffer
+        x = self.blocks(x, mask=mask[:n, :n], is_causal=True)
         return self.head(self.norm(x))
 
 

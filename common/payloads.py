@@ -64,6 +64,7 @@ def job_profile_request(job_id: str, spec: JobSpec, target: DeviceTarget, device
 
 
 class ProfileResult(Strict):
+    """What `profile_device` stored: the table id, how many points it measured, whether simulated."""
     table_id: str
     points_measured: int
     simulated: bool
@@ -105,6 +106,7 @@ def finetune_request(job_id: str, spec: JobSpec, target: DeviceTarget, selection
 
 
 class EstimateResult(Strict):
+    """What `estimate_relation_vector` did: the vector's key, whether it was cached, runs dispatched."""
     vector_key: str
     cached: bool
     runs_dispatched: int
@@ -130,5 +132,6 @@ class PretrainRequest(Strict):
 
 
 class PretrainResult(Strict):
+    """Pre-trained weights in the artifact store, and their test accuracy."""
     weights: str = Field(description="artifact URL of the weights, for a job's `weights`")
     test_accuracy: float

@@ -37,9 +37,27 @@ from datetime import datetime, timedelta
 from .jobs import TERMINAL, DevicePart, PartState
 from .keys import table_id, vector_key
 from .models import get_model
-from .payloads import FinetuneRequest, ProfileRequest, finetune_request, job_profile_request
-from .schemas import DeviceInfo, DeviceTarget, EstimationRequest, JobSpec, ProfileTable, RelationVector, Selection
-from .selection import Baseline1, Equation4, SelectionError, estimated_time_to_accuracy_s
+from .payloads import (
+    FinetuneRequest,
+    ProfileRequest,
+    finetune_request,
+    job_profile_request,
+)
+from .schemas import (
+    DeviceInfo,
+    DeviceTarget,
+    EstimationRequest,
+    JobSpec,
+    ProfileTable,
+    RelationVector,
+    Selection,
+)
+from .selection import (
+    Baseline1,
+    Equation4,
+    SelectionError,
+    estimated_time_to_accuracy_s,
+)
 from .tables import missing_batch_sizes, reuse_problem
 
 

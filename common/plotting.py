@@ -155,6 +155,7 @@ def describe_table(table: ProfileTable) -> str:
 
 
 def cap_text(power_cap_w: float | None) -> str:
+    """The cap for a title: '4 W cap' or 'no power cap'."""
     return f"power cap {power_cap_w:g} W" if power_cap_w is not None else "no power cap"
 
 
@@ -184,7 +185,7 @@ def profile_figure(table: ProfileTable, power_cap_w: float | None, title: str) -
     fig = Figure(figsize=figure_size_in(table), layout="constrained")
     FigureCanvasAgg(fig)
     left, right = fig.subplots(1, 2)
-    fig.get_layout_engine().set(rect=(0, 0.06, 1, 0.94))
+    fig.get_layout_engine().set(rect=(0, 0.06, 1, 0.94))  # type: ignore[union-attr,call-arg]  # constrained layout
     _panel(left, table, table.peak_power_w, "peak board power P[b][f] (W)", ".2f", False, power_cap_w)
     _panel(right, table, table.time_s, f"time T[b][f] for N_s = {table.samples} samples (s)", ".3g", True, power_cap_w)
     fig.suptitle(title, fontsize=10)

@@ -12,7 +12,7 @@ cheaper and the binary search of selection matches a linear scan.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.utils.data import TensorDataset
@@ -39,6 +39,7 @@ def software_versions() -> dict[str, str]:
 
 
 def synthetic_data(entry: ModelEntry, classes: int, n: int = PROFILE_SAMPLES) -> TensorDataset:
+    """Random inputs and labels of the model's shape: profiling times the step, whatever the data."""
     g = torch.Generator().manual_seed(0)
     if entry.task == "text":
         x = torch.randint(0, classes, (n, *entry.input_shape), generator=g)
@@ -74,6 +75,7 @@ class Profiler:
             return False
 
     def measure(self, batch_size: int, frequency_hz: int) -> Measurement:
+        """Pin `frequency_hz`, warm up, then measure `measure_batches` steps of `batch_size`."""
         self.device.set_frequency(frequency_hz)
         trainer = self._trainer(batch_size)
         if self.options.warmup_batches:
@@ -102,6 +104,7 @@ def _monotone(row: list[float | None]) -> list[float | None]:
 
 
 def grid_points(batch_sizes: list[int], frequencies_hz: list[int]) -> list[tuple[int, int]]:
+    """Every (batch size, frequency) pair, batch size by batch size."""
     return [(b, f) for b in batch_sizes for f in frequencies_hz]
 
 
@@ -155,6 +158,7 @@ def profile(
     staircase_mode = options.mode == "staircase" and power_cap_w is not None
     try:
         if staircase_mode:
+            assert power_cap_w is not None
             staircase(measure_power, usable, frequencies, power_cap_w)
         else:
             for b, f in grid_points(usable, frequencies):
@@ -162,15 +166,19 @@ def profile(
     finally:
         device.restore()
 
-    def cell(b: int, f: int, value: Callable[[Measurement], float]) -> float | None:
-        return value(measured[(b, f)]) if (b, f) in measured else None
+    def per_samples(b: int, f: int, total: float) -> float:
+        """A measured total over the steps at (b, f) scaled to N_s samples."""
+        return total / measured[(b, f)].steps * options.samples / b
+
+    def table_of(value: Callable[[int, int, Measurement], float]) -> list[list[float | None]]:
+        return [[value(b, f, measured[(b, f)]) if (b, f) in measured else None for f in frequencies] for b in batch_sizes]
 
     def observed(b: int, f: int) -> ClockObservation | None:
         return measured[(b, f)].clock if (b, f) in measured else None
 
-    time_s = [[cell(b, f, lambda m, b=b: m.elapsed_s / m.steps * options.samples / b) for f in frequencies] for b in batch_sizes]
-    energy_j = [[cell(b, f, lambda m, b=b: m.energy_j / m.steps * options.samples / b) for f in frequencies] for b in batch_sizes]
-    power = [_monotone([cell(b, f, lambda m: m.peak_power_w) for f in frequencies]) for b in batch_sizes]
+    time_s = table_of(lambda b, f, m: per_samples(b, f, m.elapsed_s))
+    energy_j = table_of(lambda b, f, m: per_samples(b, f, m.energy_j))
+    power = [_monotone(row) for row in table_of(lambda b, f, m: m.peak_power_w)]
     return ProfileTable(
         batch_sizes=batch_sizes,
         frequencies_hz=frequencies,

@@ -36,7 +36,8 @@ class JobReport(Strict):
     events: list[JobEvent]
 
     @classmethod
-    def from_status(cls, status: JobStatus) -> "JobReport":
+    def from_status(cls, status: JobStatus) -> JobReport:
+        """The report of a job's status: one DeviceReport per part."""
         devices = []
         for part in status.parts.values():
             ours, base = part.estimated_time_to_accuracy_s, part.baseline1_estimated_time_to_accuracy_s

@@ -13,8 +13,16 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from .control_axis import ClockObservation, ControlAxis
 from .limits import (
-    MAX_BATCH_SIZE, MAX_BATCH_SIZES, MAX_DEVICES, MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_SEEDS, BatchSize, ProfileBatches,
-    SampleCount, Seed,
+    MAX_BATCH_SIZE,
+    MAX_BATCH_SIZES,
+    MAX_DEVICES,
+    MAX_NAME_CHARS,
+    MAX_PATH_CHARS,
+    MAX_SEEDS,
+    BatchSize,
+    ProfileBatches,
+    SampleCount,
+    Seed,
 )  # fmt: skip
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -22,6 +30,7 @@ PAPER_BATCH_SIZES = [4, 8, 16, 32, 64, 128]
 
 
 def utc_now() -> datetime:
+    """The time now, in UTC."""
     return datetime.now(timezone.utc)
 
 
@@ -65,6 +74,7 @@ class LearningRatePolicy(Strict):
     rule: Literal["sqrt", "linear", "none"] = "sqrt"
 
     def lr_for(self, batch_size: int) -> float:
+        """The learning rate for `batch_size` under this policy."""
         scale = batch_size / self.b_ref
         factor = {"sqrt": math.sqrt(scale), "linear": scale, "none": 1.0}[self.rule]
         return self.lr_ref * factor
@@ -109,7 +119,7 @@ class JobSpec(Strict):
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "JobSpec":
+    def _consistent(self) -> JobSpec:
         ids = [d.device_id for d in self.devices]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
@@ -119,9 +129,11 @@ class JobSpec(Strict):
         return self
 
     def dataset_for(self, target: DeviceTarget) -> DatasetRef:
+        """The data `target` fine-tunes on: its own dataset, else the job's."""
         return target.dataset or self.dataset
 
-    def estimation_request(self) -> "EstimationRequest":
+    def estimation_request(self) -> EstimationRequest:
+        """The relation vector this job needs, as an estimation request."""
         return EstimationRequest(
             model=self.model,
             weights=self.weights,
@@ -208,7 +220,7 @@ class ProfileTable(Strict):
         return sum(p is not None for row in self.peak_power_w for p in row)
 
     @model_validator(mode="after")
-    def _shapes(self) -> "ProfileTable":
+    def _shapes(self) -> ProfileTable:
         rows, cols = len(self.batch_sizes), len(self.frequencies_hz)
         for name in ("time_s", "peak_power_w", "energy_j", "observed_clock_hz"):
             table = getattr(self, name)
@@ -247,7 +259,7 @@ class RelationVector(Strict):
     request: EstimationRequest | None = Field(None, description="what the vector was estimated from")
 
     @model_validator(mode="after")
-    def _shapes(self) -> "RelationVector":
+    def _shapes(self) -> RelationVector:
         if len(self.ratios) != len(self.batch_sizes):
             raise ValueError("ratios must have one value per batch size")
         if any(r is not None and r <= 0 for r in self.ratios):
@@ -257,7 +269,7 @@ class RelationVector(Strict):
         return self
 
     @classmethod
-    def uniform(cls, batch_sizes: list[int]) -> "RelationVector":
+    def uniform(cls, batch_sizes: list[int]) -> RelationVector:
         """r_b = 1 for every batch size: no batch size censored, none preferred."""
         return cls(batch_sizes=batch_sizes, ratios=[1.0] * len(batch_sizes))
 
@@ -267,6 +279,7 @@ class RelationVector(Strict):
         return values[self.batch_sizes.index(batch_size)]
 
     def ratio(self, batch_size: int) -> float | None:
+        """r_b for `batch_size`; None when censored or not in the vector."""
         return self._at(self.ratios, batch_size)
 
     def samples_for(self, batch_size: int) -> float | None:

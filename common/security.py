@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
-from typing import Sequence
 
 USER_MODEL = re.compile(r"(?P<module>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):(?P<factory>[A-Za-z][A-Za-z0-9_]*)")
 INIT_WEIGHTS = re.compile(r"init:(?P<seed>[0-9]{1,10})")

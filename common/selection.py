@@ -19,6 +19,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
+from typing_extensions import override
+
 from .schemas import ProfileTable, RelationVector, Selection
 
 
@@ -81,7 +83,7 @@ def envelope_index(table: ProfileTable, power_cap_w: float | None, power_envelop
     worst row stands in for it. InfeasibleCapError when even the lowest frequency is over."""
     if power_envelope_w is None:
         power_envelope_w = [
-            max((row[j] for row in table.peak_power_w if row[j] is not None), default=math.inf)
+            max((p for row in table.peak_power_w if (p := row[j]) is not None), default=math.inf)
             for j in range(len(table.frequencies_hz))
         ]
     j = highest_feasible_index(list(power_envelope_w), power_cap_w)
@@ -120,6 +122,7 @@ class Equation4(Strategy):
     vector: RelationVector
     name: ClassVar[str] = "edgetrain"
 
+    @override
     def choose(self, table: ProfileTable, power_cap_w: float | None) -> Selection:
         candidates = allowed_batch_sizes(table, self.vector)
         if not candidates:
@@ -161,6 +164,7 @@ class Baseline1(Strategy):
     power_envelope_w: list[float] | None
     name: ClassVar[str] = "baseline1"
 
+    @override
     def choose(self, table: ProfileTable, power_cap_w: float | None) -> Selection:
         candidates = allowed_batch_sizes(table, self.vector)
         if not candidates:
@@ -184,6 +188,7 @@ class Baseline2(Strategy):
     power_envelope_w: list[float] | None
     name: ClassVar[str] = "baseline2"
 
+    @override
     def choose(self, table: ProfileTable, power_cap_w: float | None) -> Selection:
         j = envelope_index(table, power_cap_w, self.power_envelope_w)
         options = [

@@ -27,7 +27,9 @@ class Settings(BaseSettings):
     heartbeat_ttl_s: float = Field(30.0, gt=0, description="a device or worker is gone after this long without a heartbeat (s)")
     lease_ttl_s: float = Field(20.0, gt=0, description="a running task whose process stops renewing its lease this long is lost (s)")
     reaper_interval_s: float = Field(5.0, gt=0, description="how often the control worker looks for lost tasks and devices (s)")
-    checkpoint_every_s: float = Field(30.0, ge=0, description="a fine-tune checkpoints at the first evaluation this long after the last (s)")
+    checkpoint_every_s: float = Field(
+        30.0, ge=0, description="a fine-tune checkpoints at the first evaluation this long after the last (s)"
+    )
     task_max_retries: int = Field(3, ge=0, description="redeliveries of a task whose worker died")
     torch_threads: int = Field(0, ge=0, description="torch threads per worker process; 0 = torch's default")
     control_time_limit_s: int = Field(300, gt=0, description="hard time limit of a job step (s)")
@@ -36,7 +38,7 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = Field(13 * 3600, gt=0, description="broker redelivery timeout (s): a last resort, longer than any task")
 
     @model_validator(mode="after")
-    def _timeouts(self) -> "Settings":
+    def _timeouts(self) -> Settings:
         longest = max(self.control_time_limit_s, self.profile_time_limit_s, self.training_time_limit_s)
         if self.visibility_timeout_s <= longest:
             raise ValueError(
@@ -44,7 +46,9 @@ class Settings(BaseSettings):
                 f"({longest} s), or the broker redelivers tasks that are still running"
             )
         if self.lease_ttl_s <= self.heartbeat_s:
-            raise ValueError(f"lease_ttl_s={self.lease_ttl_s} must be longer than heartbeat_s={self.heartbeat_s} (leases renew at that period)")
+            raise ValueError(
+                f"lease_ttl_s={self.lease_ttl_s} must be longer than heartbeat_s={self.heartbeat_s} (leases renew at that period)"
+            )
         return self
     # security (docs/security.md)
     redis_url_file: Path | None = Field(None, description="a file holding the Redis URL (its password stays out of `ps`)")
@@ -70,7 +74,7 @@ class Settings(BaseSettings):
         return tuple(p for p in value.split(os.pathsep) if p) if isinstance(value, str) else value
 
     @model_validator(mode="after")
-    def _redis_url_from_files(self) -> "Settings":
+    def _redis_url_from_files(self) -> Settings:
         if self.redis_url_file is not None:
             self.redis_url = read_secret("redis_url_file", self.redis_url_file)
         if self.redis_password_file is not None:
@@ -82,7 +86,7 @@ class Settings(BaseSettings):
         return self.data_roots or (self.data_dir,)
 
     @model_validator(mode="after")
-    def _signing_complete(self) -> "Settings":
+    def _signing_complete(self) -> Settings:
         given = {"signing_key": self.signing_key, "signing_certificate": self.signing_certificate,
                  "signing_cert_store": self.signing_cert_store}  # fmt: skip
         missing = [name for name, value in given.items() if value is None]

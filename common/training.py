@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,7 @@ EVAL_CHUNK = 1024
 
 
 def torch_device() -> torch.device:
+    """The device training runs on here: CUDA when available, else the CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -30,7 +32,7 @@ def make_optimizer(model: nn.Module, policy: LearningRatePolicy, batch_size: int
     return cls(model.parameters(), lr=policy.lr_for(batch_size))
 
 
-def set_batch_size(trainer: "Trainer", policy: LearningRatePolicy, batch_size: int) -> None:
+def set_batch_size(trainer: Trainer, policy: LearningRatePolicy, batch_size: int) -> None:
     """Switch batch size between steps, keeping weights and optimizer state (lr rescaled)."""
     trainer.batch_size = batch_size
     for group in trainer.optimizer.param_groups:
@@ -137,6 +139,7 @@ class DeviceTotals:
     history: list[tuple[int, float]] = field(default_factory=list)  # (samples, accuracy)
 
     def add(self, m: Measurement) -> None:
+        """Add one measured region of steps to the totals."""
         self.elapsed_s += m.elapsed_s
         self.energy_j += m.energy_j
         self.peak_power_w = max(self.peak_power_w, m.peak_power_w)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -15,7 +16,13 @@ from edgetrain.common.jobs import JobStatus
 from edgetrain.common.keys import DEFAULT_PREFIX, vector_key, vector_resource
 from edgetrain.common.payloads import PretrainRequest, PretrainResult
 from edgetrain.common.reports import JobReport
-from edgetrain.common.schemas import DatasetRef, DeviceInfo, EstimationRequest, JobSpec, RelationVector
+from edgetrain.common.schemas import (
+    DatasetRef,
+    DeviceInfo,
+    EstimationRequest,
+    JobSpec,
+    RelationVector,
+)
 from edgetrain.common.settings import Settings, get_settings
 from edgetrain.common.store import JobNotFoundError, Store
 

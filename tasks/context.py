@@ -51,10 +51,12 @@ def app() -> Celery:
 
 
 def settings() -> Settings:
+    """The settings of this process."""
     return _current().settings
 
 
 def store() -> Store:
+    """This process's store (a patient Redis connection)."""
     return _current().store
 
 
@@ -64,6 +66,7 @@ def bind_device(device_id: str, device: Device) -> None:
 
 
 def bound_device_id() -> str | None:
+    """The id of the device this worker serves, if it is a device worker."""
     bound = _current().device
     return bound[0] if bound else None
 

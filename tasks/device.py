@@ -16,16 +16,31 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.utils.log import get_task_logger
 
 from edgetrain.common.artifacts import initial_model
-from edgetrain.common.checkpoints import checkpoint_name, load_checkpoint, save_checkpoint
+from edgetrain.common.checkpoints import (
+    checkpoint_name,
+    load_checkpoint,
+    save_checkpoint,
+)
 from edgetrain.common.datasets.loading import load_dataset
-from edgetrain.common.jobs import AttemptLog, CheckpointRef, EventKind, FinetuneProgress, PartState
+from edgetrain.common.jobs import (
+    AttemptLog,
+    CheckpointRef,
+    EventKind,
+    FinetuneProgress,
+    PartState,
+)
 from edgetrain.common.keys import table_id, table_resource
 from edgetrain.common.models import get_model
 from edgetrain.common.payloads import FinetuneRequest, ProfileRequest, ProfileResult
 from edgetrain.common.profiling import profile
 from edgetrain.common.schemas import LearningRatePolicy, RunReport
 from edgetrain.common.tables import merge, storable_problem
-from edgetrain.common.training import DeviceTotals, Trainer, make_optimizer, train_to_accuracy
+from edgetrain.common.training import (
+    DeviceTotals,
+    Trainer,
+    make_optimizer,
+    train_to_accuracy,
+)
 from edgetrain.common.workload import measure_workload
 
 from .app import app
@@ -149,7 +164,8 @@ def _finetune(request: FinetuneRequest) -> RunReport:
     checkpoint = s.jobs.checkpoint(job_id, device_id)
     if log.attempts > 1 and checkpoint is not None:
         totals = load_checkpoint(checkpoint.url, settings().artifact_dir, trainer)
-        s.jobs.event(job_id, EventKind.resumed, f"attempt {log.attempts} resumed from the checkpoint at {trainer.samples} samples", device_id)
+        resumed = f"attempt {log.attempts} resumed from the checkpoint at {trainer.samples} samples"
+        s.jobs.event(job_id, EventKind.resumed, resumed, device_id)
     store_dir, name, every_s = settings().artifact_dir, checkpoint_name(job_id, device_id), settings().checkpoint_every_s
     started = last_checkpoint = time.perf_counter()
 

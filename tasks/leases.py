@@ -15,6 +15,7 @@ from typing import Any
 
 from celery import Task
 from celery.signals import task_postrun, task_prerun
+from typing_extensions import override
 
 from edgetrain.common.store import Lease, Store
 
@@ -33,6 +34,7 @@ class LeaseKeeper(threading.Thread):
         self.task_ids: set[str] = set()
         self.lock = threading.Lock()
 
+    @override
     def run(self) -> None:
         while True:
             with self.lock:

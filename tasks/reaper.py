@@ -17,6 +17,7 @@ import logging
 import threading
 
 from celery import Celery
+from typing_extensions import override
 
 from edgetrain.common.jobs import EventKind
 from edgetrain.common.keys import table_id, table_resource, vector_key, vector_resource
@@ -97,6 +98,7 @@ class Reaper(threading.Thread):
         self.store, self.app, self.settings = store, app, settings
         self.stopped = threading.Event()
 
+    @override
     def run(self) -> None:
         while not self.stopped.wait(self.settings.reaper_interval_s):
             try:
@@ -105,4 +107,5 @@ class Reaper(threading.Thread):
                 logger.exception("reaper pass failed")
 
     def stop(self) -> None:
+        """Stop after the current pass."""
         self.stopped.set()

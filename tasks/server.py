@@ -6,9 +6,16 @@ from __future__ import annotations
 from celery import Task
 from celery.utils.log import get_task_logger
 
-from edgetrain.common.estimation import aggregate, pretrain as run_pretrain, train_proxy as run_proxy
+from edgetrain.common.estimation import aggregate
+from edgetrain.common.estimation import pretrain as run_pretrain
+from edgetrain.common.estimation import train_proxy as run_proxy
 from edgetrain.common.keys import vector_key, vector_resource
-from edgetrain.common.payloads import EstimateResult, PretrainRequest, PretrainResult, ProxyRunRequest
+from edgetrain.common.payloads import (
+    EstimateResult,
+    PretrainRequest,
+    PretrainResult,
+    ProxyRunRequest,
+)
 from edgetrain.common.schemas import EstimationRequest, TrainingOutcome
 
 from .app import app

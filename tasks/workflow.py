@@ -14,10 +14,32 @@ from datetime import datetime
 from celery.utils.log import get_task_logger
 
 from edgetrain.common.admission import job_refusal
-from edgetrain.common.jobs import TERMINAL, DevicePart, EventKind, JobState, PartState, job_state
+from edgetrain.common.jobs import (
+    TERMINAL,
+    DevicePart,
+    EventKind,
+    JobState,
+    PartState,
+    job_state,
+)
 from edgetrain.common.keys import table_resource, vector_resource
-from edgetrain.common.planner import Decision, Fail, FineTune, PartView, Prepare, Wait, plan, resource_ids
-from edgetrain.common.schemas import DeviceTarget, JobSpec, ProfileTable, RelationVector, utc_now
+from edgetrain.common.planner import (
+    Decision,
+    Fail,
+    FineTune,
+    PartView,
+    Prepare,
+    Wait,
+    plan,
+    resource_ids,
+)
+from edgetrain.common.schemas import (
+    DeviceTarget,
+    JobSpec,
+    ProfileTable,
+    RelationVector,
+    utc_now,
+)
 from edgetrain.common.store import Store, claim_token, token_job
 
 from .app import app

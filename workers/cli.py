@@ -9,21 +9,34 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-
-from .cli_args import ExitCode, connection_options, settings_from, warn_secret_on_command_line
-from .output import format_data_fetch, format_data_status, format_fleet, format_report, format_selection, format_status
-from .output import print_json
+from .cli_args import (
+    ExitCode,
+    connection_options,
+    settings_from,
+    warn_secret_on_command_line,
+)
 from .device_cli import add_device_commands
+from .output import (
+    format_data_fetch,
+    format_data_status,
+    format_fleet,
+    format_report,
+    format_selection,
+    format_status,
+    print_json,
+)
 from .profile_cli import add_profile_commands
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """`edgetrain demo`."""
     from .demo import run_demo
 
     return run_demo(args.json, Path(args.report))
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    """`edgetrain worker control|server|device`."""
     settings = settings_from(args)
     if args.role == "server":
         from .server_worker import run_server_workers
@@ -49,6 +62,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
+    """`edgetrain fleet`."""
     from edgetrain.common.store import Store
 
     settings = settings_from(args)
@@ -58,6 +72,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    """`edgetrain submit JOB.json [--wait]`."""
     from edgetrain.tasks.client import EdgeTrainClient, JobSpecError
 
     from .output import ProgressPrinter
@@ -84,6 +99,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """`edgetrain status JOB_ID`."""
     from edgetrain.common.reports import JobReport
     from edgetrain.tasks.client import EdgeTrainClient, JobNotFoundError
 
@@ -99,6 +115,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_select(args: argparse.Namespace) -> int:
+    """`edgetrain select --profile P --vector V [--power-cap-w W]`."""
     from edgetrain.common.schemas import ProfileTable, RelationVector
     from edgetrain.common.selection import Equation4, InfeasibleCapError, SelectionError
 
@@ -121,6 +138,7 @@ def cmd_select(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
+    """`edgetrain data fetch|status`."""
     from .data_fetch import fetch, status
 
     data_dir = settings_from(args).data_dir
@@ -138,7 +156,13 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_flower(args: argparse.Namespace) -> int:
-    from .flower import FlowerConfigError, checked_basic_auth, read_basic_auth, run_flower
+    """`edgetrain flower`: Flower for this cluster, behind a login unless on loopback."""
+    from .flower import (
+        FlowerConfigError,
+        checked_basic_auth,
+        read_basic_auth,
+        run_flower,
+    )
 
     if args.basic_auth:
         warn_secret_on_command_line("--basic-auth", "--basic-auth-file or EDGETRAIN_FLOWER_BASIC_AUTH_FILE")
@@ -152,6 +176,7 @@ def cmd_flower(args: argparse.Namespace) -> int:
 
 
 def cmd_redis_acl(args: argparse.Namespace) -> int:
+    """`edgetrain redis-acl`: the Redis ACL file of edgetrain's users."""
     from .redis_acl import acl_file, read_passwords
 
     try:

@@ -55,6 +55,7 @@ class EmbeddedRedis:
             self.process.wait()
 
     def stop(self) -> None:
+        """Stop the server (SIGTERM) and wait for it."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=30)
@@ -62,12 +63,14 @@ class EmbeddedRedis:
 
 @dataclass
 class WorkerProcess:
+    """One worker process of the cluster (`edgetrain worker ...`), its log in `log`."""
     name: str
     argv: list[str]
     log: Path
     process: subprocess.Popen | None = None
 
     def start(self, env: dict[str, str]) -> None:
+        """Start the process with environment `env`."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
@@ -76,10 +79,12 @@ class WorkerProcess:
             )  # fmt: skip
 
     def alive(self) -> bool:
+        """Whether the process runs."""
         return self.process is not None and self.process.poll() is None
 
     def signal(self, sig: int) -> None:
-        if self.alive():
+        """Send `sig` to the process group."""
+        if self.process is not None and self.alive():
             os.killpg(self.process.pid, sig)
 
 
@@ -95,7 +100,7 @@ class LocalCluster:
     workers: list[WorkerProcess] = field(default_factory=list)
     _redis: EmbeddedRedis | None = None
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         try:
             self.start()
         except BaseException:
@@ -107,12 +112,16 @@ class LocalCluster:
         self.stop()
 
     def start(self, timeout_s: float = 120.0) -> None:
+        """Start Redis (unless a URL was given) and every worker; wait until they are ready."""
         if self.redis_url is None:
             self._redis = EmbeddedRedis(self.workdir / "redis")
             self.redis_url = self._redis.url
         logs = self.workdir / "logs"
         self.workers = [WorkerProcess("control", ["worker", "control"], logs / "control.log")]
-        self.workers += [WorkerProcess(f"server-{i}", ["worker", "server", "--name", f"server-{i}"], logs / f"server-{i}.log") for i in range(self.server_workers)]
+        self.workers += [
+            WorkerProcess(f"server-{i}", ["worker", "server", "--name", f"server-{i}"], logs / f"server-{i}.log")
+            for i in range(self.server_workers)
+        ]
         self.workers += [
             WorkerProcess(f"device-{d}", ["worker", "device", "--device-id", d, "--backend", b], logs / f"device-{d}.log")
             for d, b in self.devices.items()
@@ -122,18 +131,21 @@ class LocalCluster:
         self.wait_ready(timeout_s)
 
     def _worker_env(self) -> dict[str, str]:
-        return {**os.environ, "EDGETRAIN_REDIS_URL": self.redis_url, "EDGETRAIN_TORCH_THREADS": "1", **self.env}
+        return {**os.environ, "EDGETRAIN_REDIS_URL": self.url, "EDGETRAIN_TORCH_THREADS": "1", **self.env}
 
     def worker(self, name: str) -> WorkerProcess:
+        """The worker process named `name`."""
         return next(w for w in self.workers if w.name == name)
 
     def kill(self, name: str) -> None:
         """SIGKILL a worker process (no warm shutdown: its task stays unacknowledged)."""
         w = self.worker(name)
         w.signal(signal.SIGKILL)
-        w.process.wait()
+        if w.process is not None:
+            w.process.wait()
 
     def restart(self, name: str, timeout_s: float = 120.0) -> None:
+        """Start worker `name` again (after a kill) and wait until the cluster is ready."""
         self.worker(name).start(self._worker_env())
         self.wait_ready(timeout_s)
 
@@ -142,7 +154,7 @@ class LocalCluster:
         from edgetrain.common.settings import Settings
         from edgetrain.tasks.app import producer_app
 
-        app = producer_app(Settings(redis_url=self.redis_url))
+        app = producer_app(Settings(redis_url=self.url))
         store = self.store()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -156,9 +168,15 @@ class LocalCluster:
             time.sleep(0.5)
         raise TimeoutError(f"workers not ready after {timeout_s} s; see logs in {self.workdir / 'logs'}")
 
-    def store(self) -> Store:
+    @property
+    def url(self) -> str:
+        """The Redis URL of the started cluster."""
         assert self.redis_url is not None, "the cluster is not started"
-        return Store.connect(self.redis_url)
+        return self.redis_url
+
+    def store(self) -> Store:
+        """A store on the cluster's Redis."""
+        return Store.connect(self.url)
 
     def stop(self) -> None:
         """Warm shutdown (SIGTERM), then SIGKILL after a grace period; then Redis."""

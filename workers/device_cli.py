@@ -123,6 +123,7 @@ def _print_json(data: Any) -> None:
 
 
 def cmd_device_inspect(args: argparse.Namespace) -> int:
+    """`edgetrain device inspect`."""
     from edgetrain.common.devices.detect import inspect_machine
 
     report = inspect_machine(args.sysfs_root, args.gpu_index)
@@ -135,6 +136,7 @@ def cmd_device_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_device_twins(args: argparse.Namespace) -> int:
+    """`edgetrain device twins`."""
     from edgetrain.common.devices.twin_spec import builtin_twins
 
     specs = list(builtin_twins().values())

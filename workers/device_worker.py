@@ -44,6 +44,7 @@ def make_device(backend: str, device_id: str, sysfs_root: Path | None = None, al
 
 
 def device_info(device_id: str, device: Device) -> DeviceInfo:
+    """What a device worker announces in the fleet for `device`."""
     return DeviceInfo(
         device_id=device_id,
         device_type=device.device_type,

@@ -20,8 +20,21 @@ from matplotlib.image import AxesImage
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from edgetrain.common.evaluation import METHODS, EvaluationReport, EvaluationRow, MethodResult, SensitivityMatrix
-from edgetrain.common.plotting import DPI, UNMEASURED, cap_text, describe_table, profile_figure, profile_legend
+from edgetrain.common.evaluation import (
+    METHODS,
+    EvaluationReport,
+    EvaluationRow,
+    MethodResult,
+    SensitivityMatrix,
+)
+from edgetrain.common.plotting import (
+    DPI,
+    UNMEASURED,
+    cap_text,
+    describe_table,
+    profile_figure,
+    profile_legend,
+)
 from edgetrain.common.schemas import ProfileTable
 
 LABELS = {"baseline1": "Baseline 1", "baseline2": "Baseline 2", "edgetrain": "edgetrain", "oracle": "oracle"}
@@ -154,7 +167,9 @@ def plot_choices(table: ProfileTable, row: EvaluationRow, path: str | Path) -> N
     fig, axes = profile_figure(table, row.power_cap_w, title)
     handles = []
     for name, method in chosen.items():
-        style: dict[str, Any] = {"marker": MARKERS[name], "color": COLOURS[name], "markeredgecolor": "black", "markersize": 9, "linestyle": "none"}
+        style: dict[str, Any] = {
+            "marker": MARKERS[name], "color": COLOURS[name], "markeredgecolor": "black", "markersize": 9, "linestyle": "none",
+        }
         label = LABELS[name] if method.reached else f"{LABELS[name]} ({'not reached' if method.batch_size else 'none under the cap'})"
         handles.append(Line2D([], [], label=label, **style))
         if method.batch_size is None or method.frequency_hz is None:

@@ -7,9 +7,10 @@ import logging
 import os
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import redis
+from typing_extensions import override
 
 from edgetrain.common.schemas import DeviceInfo
 from edgetrain.common.settings import Settings
@@ -70,6 +71,7 @@ class Heartbeat(threading.Thread):
                     said = True
                 time.sleep(1.0)
 
+    @override
     def run(self) -> None:
         while not self.stopped.wait(self.settings.heartbeat_s):
             try:

@@ -90,6 +90,7 @@ class ProgressPrinter:
         self.seen: dict[str, str] = {}
 
     def __call__(self, status: JobStatus) -> None:
+        """Print what changed since the last status."""
         for device_id, part in status.parts.items():
             progress = status.progress.get(device_id)
             line = part.state.value

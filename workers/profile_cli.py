@@ -121,6 +121,7 @@ def _profile_and_wait(
 
 
 def cmd_profile_run(args: argparse.Namespace) -> int:
+    """`edgetrain profile run`."""
     from edgetrain.common.keys import table_id
     from edgetrain.common.models import get_model
     from edgetrain.common.store import Store
@@ -149,6 +150,7 @@ def cmd_profile_run(args: argparse.Namespace) -> int:
 
 
 def cmd_profile_show(args: argparse.Namespace) -> int:
+    """`edgetrain profile show`."""
     from pydantic import ValidationError
 
     from edgetrain.common.keys import table_id

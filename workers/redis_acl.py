@@ -48,6 +48,7 @@ def role_rules(prefix: str = DEFAULT_PREFIX) -> dict[str, str]:
 
 
 def password_hash(password: str) -> str:
+    """The SHA-256 hex digest Redis ACL files store for `password`."""
     return hashlib.sha256(password.encode()).hexdigest()
 
 

@@ -27,7 +27,8 @@ def run_server_workers(settings: Settings, name: str | None, concurrency: int, g
     for index in gpus.split(","):
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": index.strip(), "EDGETRAIN_REDIS_URL": settings.redis_url,
                "EDGETRAIN_KEY_PREFIX": settings.key_prefix}  # fmt: skip
-        argv = [sys.executable, "-m", "edgetrain.workers.cli", "worker", "server", "--name", f"{base}-gpu{index.strip()}", "--loglevel", loglevel]
+        name = f"{base}-gpu{index.strip()}"
+        argv = [sys.executable, "-m", "edgetrain.workers.cli", "worker", "server", "--name", name, "--loglevel", loglevel]
         children.append(subprocess.Popen(argv, env=env))
 
     def forward(sig: int, _frame: object) -> None:

@@ -5,23 +5,32 @@ from __future__ import annotations
 
 import gzip
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..schemas import DatasetRef
-from .sources import FASHION_MNIST_FILES, SOURCES, TORCHVISION, DatasetMissingError, TorchvisionData, locate, user_path
+from .sources import (
+    FASHION_MNIST_FILES,
+    SOURCES,
+    TORCHVISION,
+    DatasetMissingError,
+    TorchvisionData,
+    locate,
+    user_path,
+)
 
 PAD_LIMIT = 8  # pixels: larger size gaps are resized instead of padded
 
 
 @dataclass(frozen=True)
 class ImageArrays:
+    """A loader's images (N, C, H, W) as uint8 or float in [0, 1], labels (N,) and the class count."""
     images: np.ndarray  # (N, C, H, W): uint8 in [0, 255] or float32 in [0, 1]
     labels: np.ndarray  # (N,) int64
     num_classes: int
@@ -115,7 +124,8 @@ def _torchvision_images(name: str, tv: TorchvisionData, ref: DatasetRef) -> Imag
     try:
         parts = [cls(str(root), download=False, **split) for split in tv.splits]
     except RuntimeError as exc:
-        raise DatasetMissingError(f"dataset {name!r}: files in {root} are incomplete or corrupted ({exc}); {SOURCES[name].how_to_get}") from exc
+        how = SOURCES[name].how_to_get
+        raise DatasetMissingError(f"dataset {name!r}: files in {root} are incomplete or corrupted ({exc}); {how}") from exc
     images = np.concatenate([p.data if p.data.shape[1] == 3 else p.data.transpose(0, 3, 1, 2) for p in parts])
     labels = np.concatenate([np.asarray(p.targets if hasattr(p, "targets") else p.labels, dtype=np.int64) for p in parts])
     return ImageArrays(images, labels, tv.num_classes)

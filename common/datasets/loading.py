@@ -21,6 +21,7 @@ TEST_FRACTION: dict[Task, float] = {"image": IMAGE_TEST_FRACTION, "text": TEXT_T
 
 @dataclass
 class LoadedDataset:
+    """A dataset shaped for a model: train and test splits and the class (or vocabulary) count."""
     name: str
     train: TensorDataset
     test: TensorDataset

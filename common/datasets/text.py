@@ -8,8 +8,9 @@ import gzip
 import lzma
 import unicodedata
 import zlib
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 

@@ -1,0 +1,1 @@
+"""Device backends behind one protocol (base.py): Jetson sysfs, NVML and simulated twins."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+from collections.abc import Callable
 from types import FrameType
-from typing import Callable
 
 from .base import Device
 

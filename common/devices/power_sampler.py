@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from ..control_axis import ClockObservation
 from .base import DeviceError, Measurement
@@ -100,7 +100,7 @@ class PowerSampler:
             self.stats = replace(stats, clock=clock_stats(list(self._clocks)))
         return self.stats
 
-    def __enter__(self) -> "PowerSampler":
+    def __enter__(self) -> PowerSampler:
         self.start()
         return self
 

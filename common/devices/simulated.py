@@ -6,7 +6,7 @@ device time and board power come from the twin's model of the board for that wor
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from ..control_axis import ClockObservation, ControlAxis
 from .base import DeviceError, Measurement, Workload

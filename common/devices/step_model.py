@@ -50,6 +50,7 @@ class StepModel:
         self.workload = workload
 
     def full_load_power_w(self, frequency_hz: int) -> float:
+        """The board's full-load power at `frequency_hz` (W), from the twin's spec."""
         return self.spec.full_load_power_w[self.spec.frequencies_hz.index(frequency_hz)]
 
     def times_s(self, batch_size: int, frequency_hz: int) -> tuple[float, float]:
@@ -67,10 +68,12 @@ class StepModel:
         return traffic / (s.memory_bandwidth_bytes_per_s * s.memory_efficiency)
 
     def activity(self, batch_size: int) -> float:
+        """The share of the GPU a step of `batch_size` keeps busy (0..1), from its activation bytes."""
         a = batch_size * self.workload.activation_bytes_per_sample
         return a / (a + self.spec.activation_half_bytes)
 
     def peak_power_w(self, batch_size: int, frequency_hz: int) -> float:
+        """Board power while a step of `batch_size` runs at `frequency_hz` (W)."""
         idle = self.spec.idle_power_w
         return idle + (self.full_load_power_w(frequency_hz) - idle) * self.activity(batch_size)
 
@@ -84,5 +87,6 @@ class StepModel:
         return total, peak, idle + (peak - idle) * busy / total
 
     def memory_bytes(self, batch_size: int) -> float:
+        """Memory a training step of `batch_size` needs: reserved, weights with optimizer state, activations (bytes)."""
         w = self.workload
         return self.spec.reserved_memory_bytes + 4 * w.parameter_bytes + 2 * batch_size * w.activation_bytes_per_sample

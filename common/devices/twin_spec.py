@@ -17,6 +17,7 @@ from .base import DeviceError
 
 
 class NoiseSpec(BaseModel):
+    """How noisy a twin's measurements are (relative standard deviations, sensor resolution)."""
     model_config = ConfigDict(extra="forbid")
 
     time_rel_std: float = Field(0.02, ge=0, description="relative std of a step's time")
@@ -65,7 +66,7 @@ class TwinSpec(BaseModel):
     noise: NoiseSpec = Field(default_factory=NoiseSpec)
 
     @model_validator(mode="after")
-    def _check(self) -> "TwinSpec":
+    def _check(self) -> TwinSpec:
         if sorted(set(self.frequencies_hz)) != self.frequencies_hz:
             raise ValueError("frequencies_hz must be strictly increasing")
         if len(self.full_load_power_w) != len(self.frequencies_hz):
@@ -80,7 +81,8 @@ class TwinSpec(BaseModel):
         return self
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "TwinSpec":
+    def from_file(cls, path: str | Path) -> TwinSpec:
+        """A twin spec from a JSON or YAML file."""
         text = Path(path).read_text()
         data = yaml.safe_load(text) if str(path).endswith((".yaml", ".yml")) else json.loads(text)
         return cls.model_validate(data)

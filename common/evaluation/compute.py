@@ -15,8 +15,22 @@ seeds, scaled the same way. The methods:
 from __future__ import annotations
 
 from ..schemas import ProfileTable, RelationVector, Selection
-from ..selection import Baseline1, Baseline2, Equation4, Oracle, SelectionError, Strategy
-from .results import DeviceProfile, EvaluationReport, EvaluationRow, MeanStd, MethodResult, SensitivityMatrix
+from ..selection import (
+    Baseline1,
+    Baseline2,
+    Equation4,
+    Oracle,
+    SelectionError,
+    Strategy,
+)
+from .results import (
+    DeviceProfile,
+    EvaluationReport,
+    EvaluationRow,
+    MeanStd,
+    MethodResult,
+    SensitivityMatrix,
+)
 
 
 def baseline1(device: DeviceProfile) -> Baseline1:

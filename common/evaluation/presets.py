@@ -48,7 +48,9 @@ def _paper(model: str) -> dict[str, Any]:
     return {
         "name": f"paper: {model}, pre-trained on CIFAR-100, proxy CIFAR-10 (12500), target SVHN (quarter)",
         "model": model,
-        "proxy": {"dataset": {"name": "cifar10", "fraction": CIFAR10_PROXY_FRACTION}, "target_accuracy": accuracy["cifar10"], "name": "cifar10"},
+        "proxy": {
+            "dataset": {"name": "cifar10", "fraction": CIFAR10_PROXY_FRACTION}, "target_accuracy": accuracy["cifar10"], "name": "cifar10",
+        },
         "targets": [{"dataset": {"name": "svhn", "fraction": SVHN_QUARTER_FRACTION}, "target_accuracy": accuracy["svhn"], "name": "svhn"}],
         "devices": TWINS,
         **PAPER_RUNS,

@@ -24,6 +24,7 @@ class DeviceProfile(Strict):
 
 
 class MeanStd(Strict):
+    """A mean and standard deviation over seeds."""
     mean: float
     std: float
 
@@ -74,6 +75,7 @@ class SensitivityMatrix(Strict):
 
 
 class EvaluationReport(Strict):
+    """An evaluation's result: a row per (device type, cap, target), the sensitivity matrices and notes."""
     rows: list[EvaluationRow]
     sensitivity: list[SensitivityMatrix]
     notes: list[str] = Field(default_factory=list, description="why a method has no configuration, and other caveats")

@@ -71,7 +71,7 @@ class EvaluatedDevice(Strict):
 
     twin: str | None = Field(None, min_length=1)
     device_id: str | None = Field(None, pattern=ID_PATTERN)
-    power_caps_w: list[PositiveFloat | None] = Field(default_factory=lambda: [None], min_length=1)
+    power_caps_w: list[PositiveFloat | None] = Field(default_factory=lambda: [None], min_length=1)  # type: ignore[arg-type]
 
     @field_validator("twin")
     @classmethod
@@ -91,13 +91,14 @@ class EvaluatedDevice(Strict):
         return value
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "EvaluatedDevice":
+    def _one_kind(self) -> EvaluatedDevice:
         if (self.twin is None) == (self.device_id is None):
             raise ValueError("give exactly one of 'twin' (a simulated device type) or 'device_id' (a registered device)")
         return self
 
     @property
     def label(self) -> str:
+        """How this device entry is named in the rows: its twin or its device id."""
         return f"twin {self.twin}" if self.twin else f"device {self.device_id}"
 
 
@@ -127,7 +128,7 @@ class EvaluationSpec(Strict):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "EvaluationSpec":
+    def _consistent(self) -> EvaluationSpec:
         if self.pretrain is not None and not INIT_WEIGHTS.match(self.weights):
             raise ValueError(f"weights: with 'pretrain', weights must be 'init:<seed>' (where pre-training starts), got {self.weights!r}")
         labels = [t.label for t in self.targets]
@@ -152,7 +153,8 @@ class EvaluationSpec(Strict):
             named.append(("pretrain", self.pretrain.dataset))
         for where, ref in named:
             if dataset_task(ref.name) != task:
-                raise ValueError(f"{where}.dataset: {ref.name!r} is a {dataset_task(ref.name)} dataset, model {self.model!r} needs {task} data")
+                kind = dataset_task(ref.name)
+                raise ValueError(f"{where}.dataset: {ref.name!r} is a {kind} dataset, model {self.model!r} needs {task} data")
 
     def goals(self) -> list[DatasetGoal]:
         """Every dataset with its target accuracy, the proxy first, each label once."""

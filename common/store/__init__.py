@@ -41,7 +41,7 @@ class Store:
         self.liveness = Liveness(client, keys)
 
     @classmethod
-    def connect(cls, url: str, prefix: str = DEFAULT_PREFIX, patient: bool = False) -> "Store":
+    def connect(cls, url: str, prefix: str = DEFAULT_PREFIX, patient: bool = False) -> Store:
         """A store on the Redis at `url` (redis://, rediss:// or unix://); a `patient` one
         (worker processes) retries through outages of about 30 s."""
         return cls(connect(url, patient), prefix)

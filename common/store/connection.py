@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
@@ -9,6 +11,16 @@ from redis.retry import Retry
 
 PATIENT_RETRIES = 12  # backoff 0.1 s doubling to 4 s: about 30 s in all
 QUICK_RETRIES = 1
+
+
+def text(value: object) -> str | None:
+    """A reply of a client made by `connect` (strings decoded) as `str`, None kept."""
+    return None if value is None else str(value)
+
+
+def texts(values: Iterable[object]) -> list[str]:
+    """Replies of a client made by `connect` as a list of `str`."""
+    return [str(v) for v in values]
 
 
 def connect(url: str, patient: bool = False) -> redis.Redis:

@@ -9,6 +9,7 @@ import redis
 
 from ..keys import Keys
 from ..schemas import Strict
+from .connection import text
 
 CLAIM_TTL_S = 6 * 3600
 ONCE_TTL_S = 7 * 24 * 3600
@@ -59,7 +60,7 @@ class Coordination:
         with self._redis.pipeline() as p:
             try:
                 p.watch(self._keys.claim(resource))
-                holder = p.get(self._keys.claim(resource))
+                holder = text(p.get(self._keys.claim(resource)))
                 if holder is None or owner not in (holder, token_job(holder)):
                     return False
                 p.multi()
@@ -71,9 +72,10 @@ class Coordination:
 
     def holder(self, resource: str) -> str | None:
         """Who holds the claim on `resource`, if anyone."""
-        return self._redis.get(self._keys.claim(resource))
+        return text(self._redis.get(self._keys.claim(resource)))
 
     def release(self, resource: str) -> None:
+        """Free the claim on `resource` (its producer finished)."""
         self._redis.delete(self._keys.claim(resource))
 
     def once(self, name: str, ttl_s: float = ONCE_TTL_S) -> bool:
@@ -95,6 +97,7 @@ class Coordination:
         return ResourceFailure.model_validate_json(raw) if raw else None
 
     def clear_failure(self, resource: str) -> None:
+        """Forget the last failure to produce `resource`."""
         self._redis.delete(self._keys.failure(resource))
 
     def add_waiter(self, resource: str, job_id: str) -> None:

@@ -13,6 +13,7 @@ import redis
 
 from ..keys import Keys
 from ..schemas import DeviceInfo, utc_now
+from .connection import text, texts
 
 # Set the owner of a device id if it is free, already ours, or the stale owner we replace;
 # 1 when the id is ours.
@@ -46,13 +47,13 @@ class FleetRegistry:
 
     def owner(self, device_id: str) -> str | None:
         """The worker instance serving `device_id`, while its heartbeat is alive."""
-        return self._redis.get(self._keys.device_owner(device_id))
+        return text(self._redis.get(self._keys.device_owner(device_id)))
 
     def register(self, info: DeviceInfo, ttl_s: float, instance: str, replaces: str = "") -> None:
         """Announce `info` for `ttl_s` seconds as served by worker `instance` (taking over
         from `replaces`, an owner known to be dead); call again before it expires.
         DeviceIdTaken when another live instance serves the id."""
-        args = [instance, int(ttl_s * 1000), replaces]
+        args: list[str | int] = [instance, int(ttl_s * 1000), replaces]
         if not self._claim_id(keys=[self._keys.device_owner(info.device_id)], args=args):
             raise DeviceIdTaken(info.device_id, self.owner(info.device_id) or "?")
         info = info.model_copy(update={"heartbeat_at": utc_now()})
@@ -84,7 +85,7 @@ class FleetRegistry:
 
     def devices(self) -> list[DeviceInfo]:
         """Devices with a live heartbeat, by id (two round trips); expired ids are dropped."""
-        ids = sorted(self._redis.smembers(self._keys.fleet_ids()))
+        ids = sorted(texts(self._redis.smembers(self._keys.fleet_ids())))
         live = self.devices_by_id(ids)
         gone = [i for i in ids if i not in live]
         if gone:
@@ -99,4 +100,4 @@ class FleetRegistry:
     def silent_since(self, seconds_ago: float) -> list[str]:
         """Devices whose last heartbeat is older than `seconds_ago` (Redis time)."""
         now, _ = self._redis.time()
-        return sorted(self._redis.zrangebyscore(self._keys.fleet_seen(), "-inf", now - seconds_ago))
+        return sorted(texts(self._redis.zrangebyscore(self._keys.fleet_seen(), "-inf", now - seconds_ago)))

@@ -8,7 +8,6 @@ import redis
 
 from ..jobs import (
     TERMINAL,
-    PartState,
     AttemptLog,
     CheckpointRef,
     DevicePart,
@@ -17,10 +16,12 @@ from ..jobs import (
     JobEvent,
     JobRecord,
     JobStatus,
+    PartState,
     job_state,
 )
 from ..keys import Keys
 from ..schemas import JobSpec, utc_now
+from .connection import texts
 
 
 class JobNotFoundError(KeyError):
@@ -50,10 +51,12 @@ class JobStore:
         return record
 
     def record(self, job_id: str) -> JobRecord | None:
+        """The job's record (spec and submission time), None for an unknown id."""
         raw = self._redis.get(self._keys.job(job_id))
         return JobRecord.model_validate_json(raw) if raw else None
 
     def part(self, job_id: str, device_id: str) -> DevicePart:
+        """One device's part of a job; JobNotFoundError when there is none."""
         raw = self._redis.get(self._keys.part(job_id, device_id))
         if raw is None:
             raise JobNotFoundError(f"job {job_id} has no device {device_id}")
@@ -65,7 +68,7 @@ class JobStore:
         missing = [d for d, raw in zip(device_ids, raws) if raw is None]
         if missing:
             raise JobNotFoundError(f"job {job_id} has no device {missing[0]}")
-        return [DevicePart.model_validate_json(raw) for raw in raws]
+        return [DevicePart.model_validate_json(raw) for raw in raws if raw is not None]
 
     def update_part(
         self, job_id: str, device_id: str, changes: dict[str, Any], expect: PartState | None = None
@@ -97,27 +100,33 @@ class JobStore:
 
     def device_jobs(self, device_id: str) -> list[str]:
         """Jobs with an unfinished part on `device_id`."""
-        return sorted(self._redis.smembers(self._keys.device_jobs(device_id)))
+        return sorted(texts(self._redis.smembers(self._keys.device_jobs(device_id))))
 
     def progress(self, job_id: str, device_id: str) -> FinetuneProgress | None:
+        """The latest evaluation of a running fine-tune, if any."""
         raw = self._redis.get(self._keys.progress(job_id, device_id))
         return FinetuneProgress.model_validate_json(raw) if raw else None
 
     def set_checkpoint(self, job_id: str, device_id: str, checkpoint: CheckpointRef) -> None:
+        """Record where a fine-tune's latest checkpoint is."""
         self._redis.set(self._keys.checkpoint(job_id, device_id), checkpoint.model_dump_json())
 
     def checkpoint(self, job_id: str, device_id: str) -> CheckpointRef | None:
+        """A fine-tune's latest checkpoint, if it saved one."""
         raw = self._redis.get(self._keys.checkpoint(job_id, device_id))
         return CheckpointRef.model_validate_json(raw) if raw else None
 
     def set_attempt_log(self, job_id: str, device_id: str, log: AttemptLog) -> None:
+        """Record a fine-tune's attempts and what the lost ones cost."""
         self._redis.set(self._keys.attempt_log(job_id, device_id), log.model_dump_json())
 
     def attempt_log(self, job_id: str, device_id: str) -> AttemptLog:
+        """A fine-tune's attempts so far (none yet: an empty log)."""
         raw = self._redis.get(self._keys.attempt_log(job_id, device_id))
         return AttemptLog.model_validate_json(raw) if raw else AttemptLog()
 
     def set_progress(self, job_id: str, device_id: str, progress: FinetuneProgress) -> None:
+        """Record a running fine-tune's latest evaluation."""
         self._redis.set(self._keys.progress(job_id, device_id), progress.model_dump_json())
 
     def event(self, job_id: str, kind: EventKind, message: str, device_id: str | None = None) -> None:
@@ -127,7 +136,7 @@ class JobStore:
 
     def job_ids(self) -> list[str]:
         """Every job id, oldest first."""
-        return list(self._redis.zrange(self._keys.jobs(), 0, -1))
+        return texts(self._redis.zrange(self._keys.jobs(), 0, -1))
 
     def status(self, job_id: str) -> JobStatus:
         """The job's record, parts, progress and events, in two round trips whatever its size."""

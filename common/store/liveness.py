@@ -15,6 +15,7 @@ from pydantic import Field
 
 from ..keys import Keys
 from ..schemas import Strict, utc_now
+from .connection import texts
 
 
 class WorkerInfo(Strict):
@@ -63,6 +64,7 @@ class Liveness:
             p.execute()
 
     def remove_worker(self, node: str) -> None:
+        """Take a worker out of the registry (it is stopping cleanly)."""
         with self._redis.pipeline() as p:
             p.delete(self._keys.worker(node))
             p.zrem(self._keys.workers(), node)
@@ -70,7 +72,7 @@ class Liveness:
 
     def workers(self, ttl_s: float) -> list[WorkerInfo]:
         """Workers heard from within `ttl_s` seconds, by node name."""
-        nodes = sorted(self._redis.zrangebyscore(self._keys.workers(), self.now() - ttl_s, "+inf"))
+        nodes = sorted(texts(self._redis.zrangebyscore(self._keys.workers(), self.now() - ttl_s, "+inf")))
         raws = self._redis.mget([self._keys.worker(n) for n in nodes]) if nodes else []
         return [WorkerInfo.model_validate_json(raw) for raw in raws if raw]
 
@@ -101,18 +103,19 @@ class Liveness:
             p.execute()
 
     def lease(self, task_id: str) -> Lease | None:
+        """The lease of a running task, if it holds one."""
         raw = self._redis.get(self._keys.lease(task_id))
         return Lease.model_validate_json(raw) if raw else None
 
     def running(self) -> list[Lease]:
         """Every lease held now (tasks running, or lost and not yet handed on)."""
-        ids = self._redis.zrange(self._keys.leases(), 0, -1)
+        ids = texts(self._redis.zrange(self._keys.leases(), 0, -1))
         raws = self._redis.mget([self._keys.lease(t) for t in ids]) if ids else []
         return [Lease.model_validate_json(raw) for raw in raws if raw]
 
     def expired(self, ttl_s: float) -> list[Lease]:
         """Leases not renewed within `ttl_s` seconds: their process is gone."""
-        ids = self._redis.zrangebyscore(self._keys.leases(), "-inf", self.now() - ttl_s)
+        ids = texts(self._redis.zrangebyscore(self._keys.leases(), "-inf", self.now() - ttl_s))
         raws = self._redis.mget([self._keys.lease(t) for t in ids]) if ids else []
         return [Lease.model_validate_json(raw) for raw in raws if raw]
 

@@ -22,6 +22,7 @@ class ResourceStore:
         return tid
 
     def table(self, tid: str) -> ProfileTable | None:
+        """The lookup table `tid`, if stored."""
         raw = self._redis.get(self._keys.table(tid))
         return ProfileTable.model_validate_json(raw) if raw else None
 
@@ -31,10 +32,12 @@ class ResourceStore:
         return [ProfileTable.model_validate_json(raw) for raw in self._redis.mget(names) if raw] if names else []
 
     def put_vector(self, vector: RelationVector) -> None:
+        """Store a relation vector under its key."""
         assert vector.key, "a stored vector has its key"
         self._redis.set(self._keys.vector(vector.key), vector.model_dump_json())
 
     def vector(self, key: str) -> RelationVector | None:
+        """The relation vector `key`, if stored."""
         raw = self._redis.get(self._keys.vector(key))
         return RelationVector.model_validate_json(raw) if raw else None
 
@@ -47,4 +50,5 @@ class ResourceStore:
             return int(p.execute()[1])
 
     def vector_parts(self, key: str) -> list[TrainingOutcome]:
+        """The proxy runs of an estimation recorded so far, one per (batch size, seed)."""
         return [TrainingOutcome.model_validate_json(v) for v in self._redis.hvals(self._keys.vector_parts(key))]

@@ -7,6 +7,7 @@ import datetime
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -39,6 +40,7 @@ def issue(folder: Path, name: str, issuer: Identity | None = None, hosts: tuple[
     folder.mkdir(parents=True, exist_ok=True)
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     now = datetime.datetime.now(datetime.timezone.utc)
+    signing_key: Any
     if issuer is None:
         signing_key, issuer_name = key, _name(name)
     else:
@@ -55,7 +57,7 @@ def issue(folder: Path, name: str, issuer: Identity | None = None, hosts: tuple[
         .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
     )
     if hosts:
-        names = []
+        names: list[x509.GeneralName] = []
         for host in hosts:
             try:
                 names.append(x509.IPAddress(ipaddress.ip_address(host)))

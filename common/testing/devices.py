@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from edgetrain.common.control_axis import ControlAxis
 from edgetrain.common.devices.base import Measurement, Workload

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from typing_extensions import override
+
 from edgetrain.common.devices.jetson import SysfsIO
 from edgetrain.common.devices.twin_spec import builtin_twins
 
@@ -45,9 +47,11 @@ class FakeBoard:
     rails_w: dict[str, float] = field(default_factory=dict)
 
     def read(self, name: str) -> str:
+        """The text of the devfreq attribute `name`."""
         return (self.devfreq / name).read_text().strip()
 
     def write(self, name: str, value: object) -> None:
+        """Set the devfreq attribute `name`, as the kernel would accept it."""
         (self.devfreq / name).write_text(f"{value}\n")
 
     def settings(self) -> tuple[int, int, str]:
@@ -64,6 +68,7 @@ class KernelRulesIO(SysfsIO):
         self.cap_hz = cap_hz
         self.writes: list[tuple[str, str]] = []
 
+    @override
     def write(self, path: Path, value: str) -> None:
         if path.name in ("min_freq", "max_freq"):
             self._check(path, int(value))
@@ -83,6 +88,7 @@ class KernelRulesIO(SysfsIO):
 class ReadOnlyIO(SysfsIO):
     """SysfsIO of a process without root: every write fails with EACCES."""
 
+    @override
     def write(self, path: Path, value: str) -> None:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
 

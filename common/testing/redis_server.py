@@ -17,6 +17,7 @@ START_TIMEOUT_S = 20.0
 
 
 def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -34,7 +35,8 @@ class TlsRedis:
     port: int = 0
     process: subprocess.Popen | None = None
 
-    def start(self) -> "TlsRedis":
+    def start(self) -> TlsRedis:
+        """Start the server and wait until it accepts TLS connections."""
         binary = shutil.which(self.binary)
         if binary is None:
             raise FileNotFoundError(f"{self.binary} not found: install Redis 6 or later built with TLS (Debian: redis-server)")
@@ -68,6 +70,7 @@ class TlsRedis:
         )
 
     def stop(self) -> None:
+        """Stop the server."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=10)

@@ -16,7 +16,8 @@ def random_monotone_table(rng: random.Random, holes: float = 0.0, time_noise: bo
     with a random factor per point); some points unmeasured (None)."""
     steps = [rng.uniform(0.2, 0.6) for _ in B]
     coef = [sum(steps[: i + 1]) for i in range(len(B))]  # rises with the batch size
-    power = [[2 + coef[i] * 0.3 * (j + 1) ** 1.3 for j in range(len(F))] for i in range(len(B))]
+    power: list[list[float | None]] = [[2 + coef[i] * 0.3 * (j + 1) ** 1.3 for j in range(len(F))] for i in range(len(B))]
+    time: list[list[float | None]]
     if time_noise:
         time = [[rng.uniform(1, 3) * 1000 / F[j] * (1 + 8 / b) for j in range(len(F))] for b in B]
     else:

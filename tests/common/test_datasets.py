@@ -210,4 +210,4 @@ def test_user_data_without_path():
 
 
 def test_every_registered_dataset_has_a_loader_for_its_task():
-    assert {n: "image" for n in IMAGE_LOADERS} | {n: "text" for n in TEXT_LOADERS} == DATASET_TASKS
+    assert dict.fromkeys(IMAGE_LOADERS, "image") | dict.fromkeys(TEXT_LOADERS, "text") == DATASET_TASKS

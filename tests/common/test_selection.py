@@ -6,17 +6,18 @@ import sys
 import pytest
 
 from edgetrain.common.schemas import ProfileTable, RelationVector
-from edgetrain.common.testing.tables import B, F, brute_force, random_monotone_table
 from edgetrain.common.selection import (
     Baseline1,
     Baseline2,
     Equation4,
     InfeasibleCapError,
-    SelectionError,
     Oracle,
+    SelectionError,
     highest_feasible_index,
     lowest_feasible_cap_w,
 )
+from edgetrain.common.testing.tables import B, F, brute_force, random_monotone_table
+
 
 @pytest.mark.parametrize("seed", range(40))
 def test_binary_search_selection_equals_brute_force(seed: int) -> None:

@@ -44,7 +44,7 @@ def test_two_device_job_selects_the_brute_force_argmin_and_reaches_the_target(cl
     spec = JobSpec.model_validate(QUICK_JOB)
     vector = store.resources.vector(vector_key(spec.estimation_request()))
     assert vector is not None and vector.ratios[-1] == 1.0
-    for device_id, part in status.parts.items():
+    for part in status.parts.values():
         table = store.resources.table(table_id(part.device_type, spec.model, get_model(spec.model).input_shape))
         assert table.simulated and table.mode == "grid"
         value, b, f = brute_force(table, vector, part.power_cap_w)

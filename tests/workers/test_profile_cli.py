@@ -11,14 +11,14 @@ import pytest
 from matplotlib.image import imread
 
 from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
+from edgetrain.common.keys import table_id
 from edgetrain.common.models import get_model
 from edgetrain.common.profiling import profile
 from edgetrain.common.schemas import DeviceInfo, LearningRatePolicy, ProfileTable, ProfilingOptions, RelationVector
 from edgetrain.common.settings import get_settings
-from edgetrain.common.keys import table_id
 from edgetrain.workers.cli import main as edgetrain_main
-from edgetrain.workers.cluster import LocalCluster
 from edgetrain.workers.cli_args import connection_options
+from edgetrain.workers.cluster import LocalCluster
 from edgetrain.workers.profile_cli import add_profile_commands
 
 B = [16, 32, 64]

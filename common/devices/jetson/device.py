@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ...control_axis import ControlAxis
 from ..base import DeviceError, DevicePermissionError, Measurement, Workload
@@ -114,7 +114,7 @@ class JetsonDevice:
         if self._read("governor") != governor:
             self._write("governor", governor)
 
-    def __enter__(self) -> "JetsonDevice":
+    def __enter__(self) -> JetsonDevice:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

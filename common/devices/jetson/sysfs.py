@@ -38,6 +38,7 @@ class SysfsIO:
         return path.read_text().replace("\x00", "").strip()
 
     def write(self, path: Path, value: str) -> None:
+        """Write `value` to the attribute file `path`."""
         with open(path, "w") as f:
             f.write(value)
 

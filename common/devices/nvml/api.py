@@ -72,6 +72,7 @@ class Nvml:
         return True
 
     def error(self, function: str, exc: Any) -> DeviceError:
+        """An NVMLError of `function` as a DeviceError saying what is needed."""
         if exc.value == self.module.NVML_ERROR_NO_PERMISSION:
             what = PRIVILEGED.get(function, "this call")
             return DevicePermissionError(f"{function} on {self.label}: insufficient permissions; {what} needs root: "

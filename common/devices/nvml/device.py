@@ -16,7 +16,8 @@ Power in W (NVML: mW), energy in J (NVML: mJ), clocks in Hz (NVML: MHz).
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ...control_axis import DRIVER_CHOICE, ControlAxis
 from ..base import DeviceError, DevicePermissionError, Measurement, Workload
@@ -135,7 +136,7 @@ class NvmlDevice:
         if self._original_limit_mw is not None and self._power_limit_mw() != self._original_limit_mw:
             self._nvml.on_device("nvmlDeviceSetPowerManagementLimit", self._original_limit_mw)
 
-    def __enter__(self) -> "NvmlDevice":
+    def __enter__(self) -> NvmlDevice:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

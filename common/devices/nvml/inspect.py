@@ -3,7 +3,8 @@ power limit range and default, current power and clocks, energy counter."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .api import MHZ, Nvml, text
 

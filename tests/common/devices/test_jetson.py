@@ -2,8 +2,8 @@ import errno
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
