@@ -12,6 +12,7 @@
     <p>:table:<type>:<model>:<shape>       ProfileTable JSON
     <p>:vector:<key>                       RelationVector JSON
     <p>:vector-parts:<key>                 hash "<b>:<seed>" -> TrainingOutcome JSON
+    <p>:pretrained:<key>                   PretrainResult JSON: weights pre-trained for a request
     <p>:claim:<resource>                   who is producing a table or vector (expires)
     <p>:once:<name>                        an action that must happen once (expires)
     <p>:waiters:<resource>                 jobs to advance when a resource is ready or failed
@@ -39,6 +40,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from .payloads import PretrainRequest
     from .schemas import EstimationRequest
 
 DEFAULT_PREFIX = "edgetrain"
@@ -49,9 +53,18 @@ def table_id(device_type: str, model: str, input_shape: Sequence[int]) -> str:
     return f"{device_type}:{model}:{'x'.join(map(str, input_shape))}"
 
 
+def _digest(request: BaseModel) -> str:
+    return hashlib.sha256(request.model_dump_json().encode()).hexdigest()[:24]
+
+
 def vector_key(request: EstimationRequest) -> str:
     """The key of a relation vector: a hash of everything it depends on."""
-    return hashlib.sha256(request.model_dump_json().encode()).hexdigest()[:24]
+    return _digest(request)
+
+
+def pretrained_key(request: PretrainRequest) -> str:
+    """The key of pre-trained weights: a hash of the pre-training request."""
+    return _digest(request)
 
 
 def table_resource(tid: str) -> str:
@@ -113,6 +126,9 @@ class Keys:
 
     def vector_parts(self, key: str) -> str:
         return f"{self.prefix}:vector-parts:{key}"
+
+    def pretrained(self, key: str) -> str:
+        return f"{self.prefix}:pretrained:{key}"
 
     def claim(self, resource: str) -> str:
         return f"{self.prefix}:claim:{resource}"

@@ -25,8 +25,8 @@ The decisions:
 - `Prepare`: the table (`profile`) and/or the relation vector (`estimate`) are missing, or the
   table lacks rows for some of the job's batch sizes (profiled and merged into it); the part
   waits in `state` until they are produced.
-- `FineTune`: both exist: the selection of equation (4), Baseline 1 for comparison, and the
-  fine-tuning request for the device.
+- `FineTune`: both exist: the selection of equation (4) (or the target's fixed configuration,
+  checked against the table), Baseline 1 for comparison, and the fine-tuning request.
 """
 
 from __future__ import annotations
@@ -55,7 +55,9 @@ from .schemas import (
 from .selection import (
     Baseline1,
     Equation4,
+    Fixed,
     SelectionError,
+    Strategy,
     estimated_time_to_accuracy_s,
 )
 from .tables import missing_batch_sizes, reuse_problem
@@ -194,10 +196,16 @@ def _profile(view: PartView, device: DeviceInfo, missing: list[int] | None) -> P
     return request.model_copy(update={"batch_sizes": missing, "merge": True}) if missing else request
 
 
+def _strategy(target: DeviceTarget, vector: RelationVector) -> Strategy:
+    """Equation (4), or the target's fixed configuration when it names one."""
+    fixed = target.configuration
+    return Equation4(vector) if fixed is None else Fixed(vector, fixed.batch_size, fixed.frequency_hz)
+
+
 def _fine_tune(view: PartView, device: DeviceInfo, table: ProfileTable, vector: RelationVector) -> Decision:
     cap = view.target.power_cap_w
     try:
-        choice = Equation4(vector).choose(table, cap)
+        choice = _strategy(view.target, vector).choose(table, cap)
     except SelectionError as exc:
         return Fail(str(exc))
     base, problem = None, None

@@ -80,12 +80,22 @@ class LearningRatePolicy(Strict):
         return self.lr_ref * factor
 
 
+class FixedConfiguration(Strict):
+    """A (batch size, GPU frequency) to fine-tune with instead of equation (4)'s choice, e.g. to
+    measure what another method's choice achieves; checked against the lookup table when the
+    job is planned (a row and column of it, measured, within b_mem, under the cap)."""
+
+    batch_size: BatchSize
+    frequency_hz: int = Field(gt=0, description="one of the device's frequencies (Hz)")
+
+
 class DeviceTarget(Strict):
     """One device of a job: where to fine-tune and under which board power cap."""
 
     device_id: str = Field(pattern=ID_PATTERN)
     power_cap_w: float | None = Field(None, gt=0, description="board power cap in W; None = no cap")
     dataset: DatasetRef | None = None  # the device's own data; default: the job's dataset
+    configuration: FixedConfiguration | None = Field(None, description="fine-tune with this configuration; default: eq. (4)")
 
 
 class ProfilingOptions(Strict):
@@ -126,6 +136,12 @@ class JobSpec(Strict):
             raise ValueError(f"devices: each device_id may appear once, repeated: {dupes}")
         if self.eval_every_samples > self.max_samples:
             raise ValueError(f"eval_every_samples={self.eval_every_samples} is more than max_samples={self.max_samples}")
+        for k, target in enumerate(self.devices):
+            if target.configuration is not None and target.configuration.batch_size not in self.batch_sizes:
+                raise ValueError(
+                    f"devices.{k}.configuration.batch_size: {target.configuration.batch_size} is not one of the job's "
+                    f"batch_sizes {self.batch_sizes}"
+                )
         return self
 
     def dataset_for(self, target: DeviceTarget) -> DatasetRef:

@@ -208,3 +208,36 @@ def estimated_time_to_accuracy_s(table: ProfileTable, vector: RelationVector, ch
         return None
     time_s = table.time_s[table.batch_sizes.index(choice.batch_size)][table.frequencies_hz.index(choice.frequency_hz)]
     return None if time_s is None else time_s * n_b / table.samples
+
+
+@dataclass(frozen=True)
+class Fixed(Strategy):
+    """A given (batch size, frequency), checked against the table: a row and a column of it,
+    within b_mem, measured, with a finite r_b in `vector` (which gives the estimate T * r_b),
+    and with a measured peak power under the cap."""
+
+    vector: RelationVector
+    batch_size: int
+    frequency_hz: int
+    name: ClassVar[str] = "fixed"
+
+    @override
+    def choose(self, table: ProfileTable, power_cap_w: float | None) -> Selection:
+        b, f = self.batch_size, self.frequency_hz
+        where = f"configuration b={b} at {f / 1e6:g} MHz"
+        if b not in table.batch_sizes:
+            raise SelectionError(f"{where}: batch size {b} is not a row of the lookup table {table.batch_sizes}")
+        if f not in table.frequencies_hz:
+            raise SelectionError(f"{where}: {f} Hz is not one of the device's frequencies {table.frequencies_hz}")
+        if b > (table.max_batch_size or math.inf):
+            raise SelectionError(f"{where}: batch size {b} does not fit in memory (b_mem={table.max_batch_size})")
+        i, j = table.batch_sizes.index(b), table.frequencies_hz.index(f)
+        if table.time_s[i][j] is None:
+            raise SelectionError(f"{where}: this point of the lookup table was not measured")
+        if self.vector.ratio(b) is None:
+            raise SelectionError(f"{where}: batch size {b} never reached the target accuracy in the relation vector (censored)")
+        power_w = table.peak_power_w[i][j]
+        if power_cap_w is not None and (power_w is None or power_w > power_cap_w):
+            peak = "an unmeasured peak power" if power_w is None else f"a peak power of {power_w:.2f} W"
+            raise SelectionError(f"{where}: {peak} in the lookup table, over the power cap of {power_cap_w:g} W")
+        return _selection(self.name, table, self.vector, i, j)

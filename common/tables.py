@@ -77,3 +77,22 @@ def storable_problem(table: ProfileTable) -> str | None:
     if table.measured_points() == 0:
         return "no (batch size, frequency) point was measured"
     return None
+
+
+def rows_of(table: ProfileTable, batch_sizes: list[int]) -> ProfileTable:
+    """`table` with only its rows of `batch_sizes` (b_mem unchanged: it still excludes the rows
+    that do not fit)."""
+    keep = [i for i, b in enumerate(table.batch_sizes) if b in batch_sizes]
+    if not keep:
+        raise ValueError(f"the lookup table has no row of batch sizes {batch_sizes} (rows {table.batch_sizes})")
+
+    def pick(values: list | None) -> list | None:
+        return None if values is None else [values[i] for i in keep]
+
+    return table.model_copy(
+        update={
+            "batch_sizes": [table.batch_sizes[i] for i in keep], "time_s": pick(table.time_s),
+            "peak_power_w": pick(table.peak_power_w), "energy_j": pick(table.energy_j),
+            "observed_clock_hz": pick(table.observed_clock_hz),
+        }
+    )  # fmt: skip

@@ -4,32 +4,46 @@ It only sends tasks by name and reads Redis, so it imports no PyTorch."""
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
 from edgetrain.common.admission import job_problems
 from edgetrain.common.jobs import JobStatus
-from edgetrain.common.keys import DEFAULT_PREFIX, vector_key, vector_resource
-from edgetrain.common.payloads import PretrainRequest, PretrainResult
+from edgetrain.common.keys import (
+    DEFAULT_PREFIX,
+    table_id,
+    table_resource,
+    vector_key,
+    vector_resource,
+)
+from edgetrain.common.models import get_model
+from edgetrain.common.payloads import PretrainRequest, PretrainResult, profile_request
 from edgetrain.common.reports import JobReport
 from edgetrain.common.schemas import (
     DatasetRef,
     DeviceInfo,
     EstimationRequest,
     JobSpec,
+    ProfileTable,
+    ProfilingOptions,
     RelationVector,
 )
 from edgetrain.common.settings import Settings, get_settings
-from edgetrain.common.store import JobNotFoundError, Store
+from edgetrain.common.store import JobNotFoundError, Store, claim_token
 
 from .app import producer_app
-from .contract import TaskName, send
+from .contract import TaskName, device_queue, send
 
-__all__ = ["EdgeTrainClient", "JobNotFoundError", "JobSpecError", "poll_until", "validate_job"]
+__all__ = [
+    "EdgeTrainClient", "JobNotFoundError", "JobSpecError", "Pending", "ResourceFailed", "poll_until", "validate_job",
+]  # fmt: skip
 
 
 class JobSpecError(ValueError):
@@ -64,6 +78,27 @@ def poll_until(check: Callable[[], T | None], timeout_s: float | None, poll_s: f
     return value
 
 
+class ResourceFailed(RuntimeError):
+    """Producing a lookup table or relation vector failed; the message is the worker's reason."""
+
+
+@dataclass(frozen=True)
+class Pending(Generic[T]):
+    """A lookup table or relation vector on its way. `dispatched`: this client claimed its
+    production and sent the task; otherwise it was stored already or another job or command
+    holds the claim (`holder`) and produces it. `ready()` returns it once stored, None before,
+    and raises ResourceFailed when its production failed."""
+
+    resource: str
+    dispatched: bool
+    holder: str | None
+    ready: Callable[[], T | None]
+
+    def wait(self, timeout_s: float | None = None, poll_s: float = 0.5) -> T:
+        """Poll until it is stored; TimeoutError after `timeout_s`, ResourceFailed on a failure."""
+        return poll_until(self.ready, timeout_s, poll_s, self.resource)
+
+
 class EdgeTrainClient:
     """Submits jobs and reads their state from the cluster whose Redis is at `redis_url`."""
 
@@ -74,6 +109,7 @@ class EdgeTrainClient:
         self.redis_url = settings.redis_url
         self.store = Store.connect(settings.redis_url, key_prefix)
         self.app = producer_app(settings)
+        self.owner = f"client:{socket.gethostname()}:{os.getpid()}"  # who claims what this client produces
 
     def submit(self, job_spec: JobSpec | dict[str, Any]) -> str:
         """Validate and enqueue a job; returns its id."""
@@ -117,19 +153,73 @@ class EdgeTrainClient:
         req = request if isinstance(request, EstimationRequest) else EstimationRequest.model_validate(request)
         key = vector_key(req)
         send(self.app, TaskName.estimate_relation_vector, req)
+        return poll_until(lambda: self._vector(key), timeout_s, 0.5, f"relation vector {key}")
 
-        def ready() -> RelationVector | None:
-            if failure := self.store.coordination.failure(vector_resource(key)):
-                raise RuntimeError(failure.reason)
-            return self.store.resources.vector(key)
+    def _vector(self, key: str) -> RelationVector | None:
+        if failure := self.store.coordination.failure(vector_resource(key)):
+            raise ResourceFailed(failure.reason)
+        return self.store.resources.vector(key)
 
-        return poll_until(ready, timeout_s, 0.5, f"relation vector {key}")
+    def _claim_and_send(self, resource: str, send_as: Callable[[str], object]) -> tuple[bool, str | None]:
+        """Claim `resource` and call `send_as(claim token)`; (dispatched, holder of the claim)."""
+        token = claim_token(self.owner)
+        if not self.store.coordination.claim(resource, token):
+            return False, self.store.coordination.holder(resource)
+        try:
+            send_as(token)
+        except BaseException:
+            self.store.coordination.release(resource)
+            raise
+        return True, token
+
+    def request_vector(self, request: EstimationRequest) -> Pending[RelationVector]:
+        """The relation vector of `request`: stored already, being estimated for another job
+        (its claim is held), or claimed here and sent to the server pool, which fans out one
+        proxy run per (batch size, seed). Returns at once; wait on the Pending."""
+        key = vector_key(request)
+        resource = vector_resource(key)
+        dispatched, holder = False, None
+        if self.store.resources.vector(key) is None:
+            dispatched, holder = self._claim_and_send(resource, lambda _: send(self.app, TaskName.estimate_relation_vector, request))
+        return Pending(resource, dispatched, holder, lambda: self._vector(key))
+
+    def profile(
+        self, device: DeviceInfo, model: str, batch_sizes: list[int] | None = None, options: ProfilingOptions | None = None,
+        power_cap_w: float | None = None, merge: bool = False,
+    ) -> Pending[ProfileTable]:  # fmt: skip
+        """Profile `model` on `device` for its device type: claim the table and send
+        `profile_device` to the device's queue (the task releases the claim), or, when another
+        job or command holds the claim, wait for its profile instead of starting another.
+        `merge` adds the rows to the stored table. Returns at once; the Pending is ready when
+        a table newer than the one stored now is stored."""
+        tid = table_id(device.device_type, model, get_model(model).input_shape)
+        current = self.store.resources.table(tid)
+        before = current.created_at if current else None
+        chosen = options or ProfilingOptions()
+
+        def send_as(token: str) -> None:
+            request = profile_request(device, token, model, batch_sizes, chosen, power_cap_w)
+            send(self.app, TaskName.profile_device, request.model_copy(update={"merge": merge}), device_queue(device.device_id))
+
+        def ready() -> ProfileTable | None:
+            table = self.store.resources.table(tid)
+            if table is not None and table.created_at != before:
+                return table
+            if failure := self.store.coordination.failure(table_resource(tid)):
+                raise ResourceFailed(failure.reason)
+            return None
+
+        dispatched, holder = self._claim_and_send(table_resource(tid), send_as)
+        return Pending(table_resource(tid), dispatched, holder, ready)
 
     def pretrain(
         self, model: str, dataset: DatasetRef | dict[str, Any], samples: int, timeout_s: float | None = None, **options: Any
     ) -> PretrainResult:
-        """Pre-train on a server worker and wait; returns the weights' URL and test accuracy."""
+        """Pre-train on a server worker and wait; returns the weights' URL and test accuracy.
+        Weights pre-trained for an identical request before are returned without training."""
         ref = dataset if isinstance(dataset, DatasetRef) else DatasetRef.model_validate(dataset)
         request = PretrainRequest(model=model, dataset=ref, samples=samples, **options)
+        if (stored := self.store.resources.pretrained(request)) is not None:
+            return stored
         result = send(self.app, TaskName.pretrain, request).get(timeout=timeout_s)
         return PretrainResult.model_validate(result)

@@ -69,9 +69,12 @@ def train_proxy(self: Task, run: ProxyRunRequest) -> TrainingOutcome:
 
 @app.task(name=TaskName.pretrain.value, pydantic=True)
 def pretrain(request: PretrainRequest) -> PretrainResult:
-    """Pre-train on the server and publish the weights; returns their URL for job specs."""
+    """Pre-train on the server and publish the weights; returns their URL for job specs and
+    records it for identical requests (`EdgeTrainClient.pretrain` reuses it)."""
     url, accuracy = run_pretrain(
         request.model, request.dataset, request.samples, request.batch_size, request.lr, request.seed,
         settings().artifact_dir,
     )  # fmt: skip
-    return PretrainResult(weights=url, test_accuracy=accuracy)
+    result = PretrainResult(weights=url, test_accuracy=accuracy)
+    store().resources.put_pretrained(request, result)
+    return result

@@ -16,6 +16,7 @@ from .cli_args import (
     warn_secret_on_command_line,
 )
 from .device_cli import add_device_commands
+from .evaluate import add_evaluate_command
 from .output import (
     format_data_fetch,
     format_data_status,
@@ -238,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_select)
 
     add_profile_commands(sub, conn)
+    add_evaluate_command(sub, conn)
 
     p = sub.add_parser("data", help="get the datasets that ship offline, or see which are here")
     data_sub = p.add_subparsers(dest="data_command", required=True)

@@ -97,6 +97,7 @@ class LocalCluster:
     server_workers: int = 1
     redis_url: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    persistent_redis: bool = False  # the embedded Redis keeps its data in workdir/redis across runs
     workers: list[WorkerProcess] = field(default_factory=list)
     _redis: EmbeddedRedis | None = None
 
@@ -114,7 +115,7 @@ class LocalCluster:
     def start(self, timeout_s: float = 120.0) -> None:
         """Start Redis (unless a URL was given) and every worker; wait until they are ready."""
         if self.redis_url is None:
-            self._redis = EmbeddedRedis(self.workdir / "redis")
+            self._redis = EmbeddedRedis(self.workdir / "redis", persistent=self.persistent_redis)
             self.redis_url = self._redis.url
         logs = self.workdir / "logs"
         self.workers = [WorkerProcess("control", ["worker", "control"], logs / "control.log")]

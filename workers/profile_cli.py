@@ -1,17 +1,15 @@
 """`edgetrain profile run|show`: profile a model on a fleet device, and show a stored lookup table.
 
-`run` follows the workflow's protocol: it claims `table:<tid>` before dispatching
-`edgetrain.profile_device` to the device's queue (the task releases the claim), and when the
-claim is already held it waits for that profiling instead of starting another.
+`run` follows the workflow's protocol (`EdgeTrainClient.profile`): it claims `table:<tid>`
+before dispatching `edgetrain.profile_device` to the device's queue (the task releases the
+claim), and when the claim is already held it waits for that profiling instead of starting
+another.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,17 +17,11 @@ from .cli_args import ExitCode, settings_from
 from .output import describe_table, format_table, note
 
 if TYPE_CHECKING:
-    from edgetrain.common.payloads import ProfileRequest
-    from edgetrain.common.schemas import DeviceInfo, ProfileTable
+    from edgetrain.common.schemas import DeviceInfo, ProfileTable, ProfilingOptions
     from edgetrain.common.settings import Settings
-    from edgetrain.common.store import Store
 
 POLL_S = 0.5
 DEFAULT_TIMEOUT_S = 3600.0
-
-
-class ProfilingFailed(RuntimeError):
-    """The device worker recorded why profiling failed."""
 
 
 def _batch_sizes(text: str) -> list[int]:
@@ -59,61 +51,36 @@ def _reuse_problem(current: ProfileTable, info: DeviceInfo, args: argparse.Names
     return reuse_problem(current, info, args.power_cap_w)
 
 
-def _new_table(s: Store, tid: str, before: datetime | None) -> ProfileTable | None:
-    """The table once its created_at differs from `before`; raises ProfilingFailed on a failure."""
-    from edgetrain.common.keys import table_resource
-
-    table = s.resources.table(tid)
-    if table is not None and table.created_at != before:
-        return table
-    failure = s.coordination.failure(table_resource(tid))
-    if failure:
-        raise ProfilingFailed(failure.reason)
-    return None
-
-
-def _request(info: DeviceInfo, owner: str, args: argparse.Namespace) -> ProfileRequest:
+def _options(args: argparse.Namespace) -> ProfilingOptions:
     """The profile this command asks for: staircase for a given cap unless --grid."""
-    from edgetrain.common.payloads import profile_request
     from edgetrain.common.schemas import ProfilingOptions
 
-    mode = "staircase" if args.power_cap_w is not None and not args.grid else "grid"
-    return profile_request(info, owner, args.model, args.batch_sizes, ProfilingOptions(mode=mode), args.power_cap_w)
+    return ProfilingOptions(mode="staircase" if args.power_cap_w is not None and not args.grid else "grid")
 
 
-def _profile_and_wait(
-    settings: Settings, s: Store, info: DeviceInfo, tid: str, before: datetime | None, args: argparse.Namespace
-) -> int:
-    """Claim the table and dispatch its profiling (or wait for the holder of the claim)."""
-    from edgetrain.common.keys import table_resource
-    from edgetrain.common.store import claim_token
+def _profile_and_wait(settings: Settings, info: DeviceInfo, tid: str, args: argparse.Namespace) -> int:
+    """Profile on the device (or wait for the holder of the table's claim) and print the table."""
     from edgetrain.common.store.coordination import CLAIM_TTL_S
-    from edgetrain.tasks.app import producer_app
-    from edgetrain.tasks.client import poll_until
-    from edgetrain.tasks.contract import TaskName, device_queue, send
+    from edgetrain.tasks.client import EdgeTrainClient, ResourceFailed
 
-    resource, owner = table_resource(tid), claim_token(f"cli:{socket.gethostname()}:{os.getpid()}")
-    if s.coordination.claim(resource, owner):
-        try:
-            request = _request(info, owner, args)
-            send(producer_app(settings), TaskName.profile_device, request, device_queue(info.device_id))
-        except BaseException:
-            s.coordination.release(resource)
-            raise
-        cap = f" for cap {request.power_cap_w} W" if request.options.mode == "staircase" else ""
-        note(f"profiling {request.model} on {info.device_id} ({info.device_type}): {request.options.mode}{cap}; "
+    client = EdgeTrainClient(settings.redis_url, settings.key_prefix)
+    options = _options(args)
+    pending = client.profile(info, args.model, args.batch_sizes, options, args.power_cap_w)
+    if pending.dispatched:
+        cap = f" for cap {args.power_cap_w} W" if options.mode == "staircase" else ""
+        note(f"profiling {args.model} on {info.device_id} ({info.device_type}): {options.mode}{cap}; "
              f"waiting up to {args.timeout:g} s")  # fmt: skip
     else:
-        note(f"{tid} is being profiled already (claim {resource!r} is held): waiting for it up to {args.timeout:g} s")
+        note(f"{tid} is being profiled already (claim {pending.resource!r} is held): waiting for it up to {args.timeout:g} s")
     try:
-        table = poll_until(lambda: _new_table(s, tid, before), args.timeout, POLL_S, f"profiling of {tid}")
-    except ProfilingFailed as exc:
+        table = pending.wait(args.timeout, POLL_S)
+    except ResourceFailed as exc:
         print(f"profiling failed: {exc}", file=sys.stderr)
         return ExitCode.failed
     except TimeoutError as exc:
         print(
             f"{exc}: is the worker of {info.device_id} running? If nothing is profiling, the claim "
-            f"{resource!r} is stale; it expires {CLAIM_TTL_S / 3600:g} h after it was taken",
+            f"{pending.resource!r} is stale; it expires {CLAIM_TTL_S / 3600:g} h after it was taken",
             file=sys.stderr,
         )
         return ExitCode.failed
@@ -146,7 +113,7 @@ def cmd_profile_run(args: argparse.Namespace) -> int:
             note(f"a current table exists for {tid}: reused (--force profiles again)")
             return _result(current, args.json)
         note(f"table {tid} not reused: {problem}")
-    return _profile_and_wait(settings, s, info, tid, current.created_at if current else None, args)
+    return _profile_and_wait(settings, info, tid, args)
 
 
 def cmd_profile_show(args: argparse.Namespace) -> int:

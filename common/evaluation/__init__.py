@@ -1,6 +1,7 @@
 """The paper's evaluation, pure (no Redis, no Celery): the spec, the presets, and the
 arithmetic that turns lookup tables and measured N_b into each method's time and energy to
-the target accuracy, the speed-ups, the gap to the oracle and the proxy sensitivity matrix."""
+the target accuracy, the speed-ups, the gap to the oracle and the proxy sensitivity matrix;
+the verification fine-tunes' comparison with equation (2), and the document of a run."""
 
 from .compute import (
     evaluate,
@@ -21,10 +22,13 @@ from .results import (
     MethodResult,
     SensitivityMatrix,
 )
+from .run import Dispatched, EvaluationRun
 from .spec import DatasetGoal, EvaluatedDevice, EvaluationSpec, PretrainStep
+from .verification import Check, Verification, checks, verification
 
 __all__ = [
-    "METHODS", "SCALES", "DatasetGoal", "DeviceProfile", "EvaluatedDevice", "EvaluationReport", "EvaluationRow",
-    "EvaluationSpec", "MeanStd", "MethodResult", "PretrainStep", "SensitivityMatrix", "evaluate", "evaluation_row",
-    "method_result", "over_oracle_pct", "scale_preset", "sensitivity_matrix", "speedup", "strategies",
+    "METHODS", "SCALES", "Check", "DatasetGoal", "DeviceProfile", "Dispatched", "EvaluatedDevice", "EvaluationReport",
+    "EvaluationRow", "EvaluationRun", "EvaluationSpec", "MeanStd", "MethodResult", "PretrainStep", "SensitivityMatrix",
+    "Verification", "checks", "evaluate", "evaluation_row", "method_result", "over_oracle_pct", "scale_preset",
+    "sensitivity_matrix", "speedup", "strategies", "verification",
 ]  # fmt: skip

@@ -1,10 +1,11 @@
-"""Lookup tables and relation vectors, shared by every job."""
+"""Lookup tables, relation vectors and pre-trained weights, shared by every job."""
 
 from __future__ import annotations
 
 import redis
 
-from ..keys import Keys, table_id
+from ..keys import Keys, pretrained_key, table_id
+from ..payloads import PretrainRequest, PretrainResult
 from ..schemas import ProfileTable, RelationVector, TrainingOutcome
 
 
@@ -52,3 +53,12 @@ class ResourceStore:
     def vector_parts(self, key: str) -> list[TrainingOutcome]:
         """The proxy runs of an estimation recorded so far, one per (batch size, seed)."""
         return [TrainingOutcome.model_validate_json(v) for v in self._redis.hvals(self._keys.vector_parts(key))]
+
+    def put_pretrained(self, request: PretrainRequest, result: PretrainResult) -> None:
+        """Record the weights that pre-training `request` published."""
+        self._redis.set(self._keys.pretrained(pretrained_key(request)), result.model_dump_json())
+
+    def pretrained(self, request: PretrainRequest) -> PretrainResult | None:
+        """The weights published for an identical pre-training request, if any."""
+        raw = self._redis.get(self._keys.pretrained(pretrained_key(request)))
+        return PretrainResult.model_validate_json(raw) if raw else None

@@ -166,3 +166,48 @@ def test_a_table_without_rows_for_some_batch_sizes_profiles_those_rows_to_merge(
     decision = plan(view(table=partial))
     assert isinstance(decision, Prepare) and decision.state == PartState.profiling and decision.stale is None
     assert decision.profile.batch_sizes == [32, 64, 128] and decision.profile.merge
+
+
+def fixed_spec(batch_size: int, frequency_hz: int, cap: float | None = None) -> JobSpec:
+    target = {"device_id": "d1", "power_cap_w": cap, "configuration": {"batch_size": batch_size, "frequency_hz": frequency_hz}}
+    return JobSpec.model_validate(quick_job([target], batch_sizes=B))
+
+
+@pytest.mark.parametrize("cap", [None, 8.0])
+def test_a_fixed_configuration_is_fine_tuned_instead_of_the_equation4_choice(cap) -> None:
+    t = table()
+    i, j = B.index(32), F.index(200)
+    assert cap is None or t.peak_power_w[i][j] <= cap
+    decision = plan(view(fixed_spec(32, 200, cap)))
+    assert isinstance(decision, FineTune)
+    choice = decision.selection
+    assert (choice.strategy, choice.batch_size, choice.frequency_hz) == ("fixed", 32, 200)
+    assert choice.estimated_time_s == pytest.approx(t.time_s[i][j] * vector().ratio(32))
+    assert choice.peak_power_w == t.peak_power_w[i][j]
+    assert decision.estimated_time_to_accuracy_s == pytest.approx(t.time_s[i][j] * 700 / t.samples)
+    assert (decision.request.batch_size, decision.request.frequency_hz) == (32, 200)
+    assert brute_force(t, vector(), cap)[1:] != (32, 200)  # not what equation (4) would choose
+    assert decision.baseline1.batch_size == 128
+
+
+def test_a_fixed_configuration_is_checked_against_the_table_when_planned() -> None:
+    t = table()
+    over = t.peak_power_w[B.index(128)][F.index(800)]
+    holes = table(time_s=[[None] * len(F)] + table().time_s[1:])
+    cases = [
+        (view(fixed_spec(32, 250)), "250 Hz is not one of the device's frequencies"),
+        (view(fixed_spec(128, 800, cap=over - 0.01)), f"a peak power of {over:.2f} W in the lookup table, over the power cap"),
+        (view(fixed_spec(128, 800), table=table(max_batch_size=64)), "batch size 128 does not fit in memory (b_mem=64)"),
+        (view(fixed_spec(4, 100), table=holes), "this point of the lookup table was not measured"),
+        (view(fixed_spec(64, 100), vector=vector(ratios=[0.3, 0.4, 0.5, 0.7, None, 1.0])), "never reached the target accuracy"),
+    ]
+    for case, words in cases:
+        decision = plan(case)
+        assert isinstance(decision, Fail) and words in decision.reason, (words, decision)
+
+
+def test_a_fixed_configuration_must_name_one_of_the_jobs_batch_sizes() -> None:
+    with pytest.raises(ValueError, match=r"devices.0.configuration.batch_size: 256 is not one of the job's batch_sizes"):
+        fixed_spec(256, 200)
+    with pytest.raises(ValueError, match="frequency_hz"):
+        fixed_spec(32, 0)

@@ -4,7 +4,9 @@ import random
 
 import pytest
 
-from edgetrain.common.tables import merge, missing_batch_sizes, storable_problem
+from edgetrain.common.schemas import RelationVector
+from edgetrain.common.selection import Baseline1
+from edgetrain.common.tables import merge, missing_batch_sizes, rows_of, storable_problem
 from edgetrain.common.testing.tables import B, random_monotone_table
 
 
@@ -47,3 +49,13 @@ def test_an_empty_profile_is_not_stored() -> None:
         full.model_copy(update={"max_batch_size": 4, "time_s": unmeasured, "peak_power_w": unmeasured})
     )
     assert storable_problem(full.model_copy(update={"max_batch_size": 128})) is None
+
+
+def test_rows_of_keeps_the_asked_rows_and_the_memory_limit() -> None:
+    full = random_monotone_table(random.Random(2)).model_copy(update={"max_batch_size": 64})
+    some = rows_of(full, [8, 32, 128, 256])  # 256 is not a row
+    assert some.batch_sizes == [8, 32, 128] and some.max_batch_size == 64  # 128 still does not fit
+    assert some.time_s == [full.time_s[i] for i in (1, 3, 5)] and some.peak_power_w == [full.peak_power_w[i] for i in (1, 3, 5)]
+    assert Baseline1(RelationVector.uniform(some.batch_sizes), None).choose(some, None).batch_size == 32
+    with pytest.raises(ValueError, match="no row of batch sizes"):
+        rows_of(full, [256])

@@ -1,0 +1,94 @@
+"""The client's protocol for tables and vectors (`EdgeTrainClient.profile`, `request_vector`)
+and its reuse of pre-trained weights, against a real Redis: what it claims, which task
+messages it leaves in the broker queues, and what it waits for."""
+
+import pytest
+import redis
+
+from edgetrain.common.keys import table_id, table_resource, vector_key, vector_resource
+from edgetrain.common.payloads import PretrainRequest, PretrainResult
+from edgetrain.common.schemas import DeviceInfo, EstimationRequest, LearningRatePolicy, ProfileTable, ProfilingOptions, RelationVector
+from edgetrain.common.testing.broker import queued_tasks
+from edgetrain.tasks.client import EdgeTrainClient, ResourceFailed
+from edgetrain.tasks.contract import SERVER_QUEUE, TaskName, device_queue
+
+DEVICE = DeviceInfo(device_id="nano-3", device_type="twin", backend="sim", frequencies_hz=[100, 200], memory_bytes=1, simulated=True)
+TID = table_id("twin", "smallcnn", [1, 28, 28])
+REQUEST = EstimationRequest(model="smallcnn", weights="init:0", proxy_dataset={"name": "digits"}, target_accuracy=0.9,
+                            batch_sizes=[16, 64], seeds=[0, 1], lr=LearningRatePolicy(), eval_every_samples=128, max_samples=5000)  # fmt: skip
+
+
+@pytest.fixture
+def broker(redis_server) -> redis.Redis:
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushdb()
+    return client
+
+
+@pytest.fixture
+def client(redis_server, broker) -> EdgeTrainClient:
+    return EdgeTrainClient(redis_server.url)
+
+
+def table(**changes) -> ProfileTable:
+    base = dict(batch_sizes=[16, 64], frequencies_hz=[100, 200], samples=64, time_s=[[2.0, 1.0], [1.5, 0.8]],
+                peak_power_w=[[2.0, 3.0], [2.5, 3.5]], device_type="twin", model="smallcnn", input_shape=[1, 28, 28])  # fmt: skip
+    return ProfileTable(**(base | changes))
+
+
+def test_profile_claims_the_table_and_sends_its_profiling_to_the_devices_queue(client, broker) -> None:
+    old = table()
+    client.store.resources.put_table(old)
+    pending = client.profile(DEVICE, "smallcnn", [16, 64], ProfilingOptions(mode="staircase"), 3.0, merge=True)
+    assert pending.dispatched and pending.resource == table_resource(TID)
+    assert client.store.coordination.holder(pending.resource) == pending.holder
+    [task] = queued_tasks(broker, device_queue("nano-3"))
+    assert task.name == TaskName.profile_device.value
+    assert task.payload["owner"] == pending.holder and task.payload["merge"] is True
+    assert (task.payload["batch_sizes"], task.payload["power_cap_w"], task.payload["options"]["mode"]) == ([16, 64], 3.0, "staircase")
+    assert pending.ready() is None  # the table stored before does not count
+    new = table(time_s=[[2.1, 1.1], [1.6, 0.9]])
+    client.store.resources.put_table(new)
+    assert pending.wait(timeout_s=5) == new
+
+
+def test_profile_waits_for_the_holder_of_the_claim_and_reports_its_failure(client, broker) -> None:
+    assert client.store.coordination.claim(table_resource(TID), "job-7/abc")
+    pending = client.profile(DEVICE, "smallcnn")
+    assert not pending.dispatched and pending.holder == "job-7/abc"
+    assert queued_tasks(broker, device_queue("nano-3")) == []
+    client.store.coordination.fail(table_resource(TID), "profiling on nano-3 failed: boom", ["job-7"])
+    with pytest.raises(ResourceFailed, match="boom"):
+        pending.ready()
+
+
+def test_request_vector_sends_one_estimation_and_later_requests_wait_for_it(client, broker) -> None:
+    key = vector_key(REQUEST)
+    first = client.request_vector(REQUEST)
+    second = client.request_vector(REQUEST)
+    assert first.dispatched and not second.dispatched and second.holder == first.holder
+    [task] = queued_tasks(broker, SERVER_QUEUE)
+    assert task.name == TaskName.estimate_relation_vector.value and EstimationRequest.model_validate(task.payload) == REQUEST
+    assert first.ready() is None
+    vector = RelationVector(batch_sizes=[16, 64], ratios=[0.5, 1.0], key=key)
+    client.store.resources.put_vector(vector)
+    assert first.wait(timeout_s=5) == second.wait(timeout_s=5) == vector
+    stored = client.request_vector(REQUEST)
+    assert not stored.dispatched and stored.holder is None and stored.ready() == vector
+    assert len(queued_tasks(broker, SERVER_QUEUE)) == 1
+
+
+def test_request_vector_reports_the_failure_of_its_estimation(client, broker) -> None:
+    pending = client.request_vector(REQUEST)
+    client.store.coordination.fail(vector_resource(vector_key(REQUEST)), "relation vector estimation failed (b=16, seed=0): boom", [])
+    with pytest.raises(ResourceFailed, match="b=16, seed=0"):
+        pending.wait(timeout_s=5)
+
+
+def test_weights_pretrained_for_an_identical_request_are_reused_without_a_task(client, broker) -> None:
+    request = PretrainRequest(model="smallcnn", dataset={"name": "digits"}, samples=1000, batch_size=32)
+    result = PretrainResult(weights="artifact:smallcnn-digits-1000-abc.pt#sha256=" + "0" * 64, test_accuracy=0.5)
+    client.store.resources.put_pretrained(request, result)
+    assert client.pretrain("smallcnn", {"name": "digits"}, 1000, timeout_s=1, batch_size=32) == result
+    assert queued_tasks(broker, SERVER_QUEUE) == []
+    assert client.store.resources.pretrained(request.model_copy(update={"samples": 2000})) is None

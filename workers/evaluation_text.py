@@ -1,0 +1,152 @@
+"""An evaluation as text: Markdown tables in the layout of the paper's results table (one
+column per method: Baseline 1, Baseline 2, edgetrain, oracle), readable in a terminal and
+pasted as is into documentation. Figures from simulated devices are marked SIMULATED."""
+
+from __future__ import annotations
+
+import math
+
+from edgetrain.common.evaluation import (
+    METHODS,
+    EvaluationRow,
+    EvaluationRun,
+    MeanStd,
+    SensitivityMatrix,
+    Verification,
+)
+
+HEADS = {"baseline1": "Baseline 1", "baseline2": "Baseline 2", "edgetrain": "edgetrain", "oracle": "oracle"}
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}g}"
+
+
+def _spread(value: MeanStd | None) -> str:
+    return "not reached" if value is None else f"{_num(value.mean)} ± {_num(value.std, 2)}"
+
+
+def _cap(power_cap_w: float | None) -> str:
+    return "none" if power_cap_w is None else f"{power_cap_w:g} W"
+
+
+def _mhz(frequency_hz: int | None) -> str:
+    return "-" if frequency_hz is None else f"{frequency_hz / 1e6:g}"
+
+
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f} %"
+
+
+def _device(row: EvaluationRow) -> str:
+    return f"{row.device_type} (SIMULATED)" if row.simulated else row.device_type
+
+
+def _table(head: list[str], lines: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(line) + " |" for line in lines)]
+
+
+def _row_key(row: EvaluationRow) -> list[str]:
+    return [_device(row), row.target, _cap(row.power_cap_w)]
+
+
+def results_tables(rows: list[EvaluationRow]) -> list[str]:
+    """Time and energy to accuracy per method (mean ± std over seeds), with the speed-ups and
+    the gap to the oracle, then each method's configuration."""
+    key = ["device", "target", "cap"]
+    heads = [HEADS[m] for m in METHODS]
+    lines = ["Time to accuracy (device s, mean ± std over seeds; eq. (2) with the target's N_b):", ""]
+    lines += _table(
+        key + heads + ["edgetrain vs B1", "vs B2", "over oracle"],
+        [_row_key(r) + [_spread(getattr(r, m).time_to_accuracy_s if getattr(r, m).reached else None) for m in METHODS]
+         + [_times(r.speedup_vs_baseline1), _times(r.speedup_vs_baseline2), _pct(r.gap_to_oracle_pct)] for r in rows],
+    )  # fmt: skip
+    lines += ["", "Energy to accuracy (board J, mean ± std over seeds):", ""]
+    lines += _table(
+        key + heads,
+        [_row_key(r) + [_spread(getattr(r, m).energy_j if getattr(r, m).reached else None) for m in METHODS] for r in rows],
+    )
+    lines += ["", "Configurations (batch size @ GPU MHz; '-': none under the cap):", ""]
+    lines += _table(
+        key + heads,
+        [_row_key(r) + [f"{getattr(r, m).batch_size or '-'} @ {_mhz(getattr(r, m).frequency_hz)}" for m in METHODS] for r in rows],
+    )
+    return lines
+
+
+def sensitivity_tables(matrices: list[SensitivityMatrix]) -> list[str]:
+    """Per (device type, cap): % time over the oracle of edgetrain with each proxy (rows) on
+    each target (columns), and Baseline 1's (no proxy)."""
+    lines: list[str] = []
+    for m in matrices:
+        simulated = " (SIMULATED)" if m.simulated else ""
+        lines += ["", f"{m.device_type}{simulated}, cap {_cap(m.power_cap_w)}: % time over the oracle (rows: proxy; columns: target)", ""]
+        body = [[f"edgetrain, proxy {d}", *map(_pct, line)] for d, line in zip(m.datasets, m.edgetrain_over_oracle_pct)]
+        body.append(["Baseline 1 (no proxy)", *map(_pct, m.baseline1_over_oracle_pct)])
+        lines += _table(["", *m.datasets], body)
+    return lines
+
+
+def vector_table(run: EvaluationRun) -> list[str]:
+    """N_b per batch size and dataset (mean ± std over seeds) and each vector's resolution."""
+    labels = list(run.vectors)
+    sizes = run.spec.batch_sizes
+    body = []
+    for b in sizes:
+        cells = []
+        for label in labels:
+            v = run.vectors[label]
+            mean, std = v.samples_for(b), v.samples_std_for(b)
+            cells.append("censored" if mean is None else f"{mean:.0f} ± {std or 0:.0f}")
+        body.append([str(b), *cells])
+    body.append(["resolution", *(f"{run.vectors[label].resolution_samples} samples" for label in labels)])
+    return ["N_b, samples to the target accuracy (mean ± std over seeds; interpolated between evaluations):", "",
+            *_table(["b", *labels], body)]  # fmt: skip
+
+
+def _verified_line(v: Verification) -> list[str]:
+    computed = "-" if v.computed_time_s is None else _num(v.computed_time_s.mean)
+    return [
+        f"{v.device_type}{' (SIMULATED)' if v.simulated else ''}", v.target, _cap(v.power_cap_w), ", ".join(v.methods),
+        f"{v.batch_size} @ {_mhz(v.frequency_hz)}", computed, _num(v.computed_time_for_run_s), _num(v.measured_time_s),
+        _pct(v.time_error_pct), f"{v.samples_to_accuracy if v.samples_to_accuracy is not None else '-'} "
+        f"/ {v.server_samples_to_accuracy if v.server_samples_to_accuracy is not None else '-'}",
+        f"{v.samples_processed or '-'}", _num(v.device_time_s), v.reason or "",
+    ]  # fmt: skip
+
+
+def verification_table(verified: list[Verification]) -> list[str]:
+    """The `--verify` fine-tunes next to the computed figures."""
+    head = ["device", "target", "cap", "methods", "b @ MHz", "computed s (mean N_b)", "computed s (run's N_b)",
+            "measured s (run's N_b)", "measured vs computed", "N_b device / server", "samples run", "device s to stop", "note"]  # fmt: skip
+    return [
+        "Verification: each configuration fine-tuned on the device to the target (seed "
+        f"{verified[0].seed}); measured = device time per sample of the fine-tune x its own N_b, "
+        "computed = T[b][f] / N_s x N_b:", "", *_table(head, [_verified_line(v) for v in verified]),
+    ]  # fmt: skip
+
+
+def format_run(run: EvaluationRun) -> str:
+    """One evaluation: title, what it was computed from, every table, the notes."""
+    d = run.dispatched
+    lines = [f"## {run.name or 'evaluation'}", ""]
+    if any(r.simulated for r in run.rows):
+        lines += ["Device figures are SIMULATED (twins): time, power and energy come from the twins' models; "
+                  "accuracy and N_b come from real training.", ""]  # fmt: skip
+    pretrained = f" (pre-trained, test accuracy {run.pretrain_test_accuracy:.3f})" if run.pretrain_test_accuracy is not None else ""
+    lines += [
+        f"Weights: {run.weights}{pretrained}. Wall time {run.wall_s:.0f} s; dispatched: pre-training {d.pretrain}, "
+        f"estimations {d.estimations}, profiles {d.profiles}, fine-tunes {d.finetunes}.", "",
+    ]  # fmt: skip
+    lines += results_tables(run.rows)
+    lines += ["", "Proxy sensitivity:"] + sensitivity_tables(run.sensitivity)
+    lines += ["", *vector_table(run)]
+    if run.verification:
+        lines += ["", *verification_table(run.verification)]
+    if run.notes:
+        lines += ["", "Notes:", *(f"- {n}" for n in run.notes)]
+    return "\n".join(lines)
