@@ -79,9 +79,18 @@ def _heatmap(ax: Axes, data: np.ma.MaskedArray, log: bool) -> AxesImage:
     norm = LogNorm(low, high) if log and low > 0 else Normalize(low, high)
     image = ax.imshow(data, origin="lower", aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
     bar = ax.figure.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
-    for set_formatter in (bar.ax.yaxis.set_major_formatter, bar.ax.yaxis.set_minor_formatter):
-        set_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    bar.ax.yaxis.set_minor_formatter(FuncFormatter(_minor_label))
     return image
+
+
+def _minor_label(value: float, _position: int) -> str:
+    """A log colour bar's minor ticks labelled at 2, 3 and 5 times a power of ten only, so
+    that the labels near the bottom of a decade do not run into each other."""
+    if value <= 0:
+        return ""
+    mantissa = value / 10 ** math.floor(math.log10(value))
+    return f"{value:.3g}" if any(math.isclose(mantissa, m, rel_tol=1e-6) for m in (2, 3, 5)) else ""
 
 
 def _mark_no_fit(ax: Axes, table: ProfileTable) -> None:

@@ -221,5 +221,9 @@ class EdgeTrainClient:
         request = PretrainRequest(model=model, dataset=ref, samples=samples, **options)
         if (stored := self.store.resources.pretrained(request)) is not None:
             return stored
-        result = send(self.app, TaskName.pretrain, request).get(timeout=timeout_s)
+        pending = send(self.app, TaskName.pretrain, request)
+        try:
+            result = pending.get(timeout=timeout_s)
+        finally:
+            pending.forget()  # unsubscribe now: after a Ctrl-C, a local cluster's Redis is gone by the time it is collected
         return PretrainResult.model_validate(result)

@@ -3,6 +3,7 @@ processes, one per queue role. Used by `edgetrain demo` and by the end-to-end te
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -180,18 +181,21 @@ class LocalCluster:
         return Store.connect(self.url)
 
     def stop(self) -> None:
-        """Warm shutdown (SIGTERM), then SIGKILL after a grace period; then Redis."""
-        for w in self.workers:
-            w.signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for w in self.workers:
-            if w.process is None:
-                continue
-            try:
-                w.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                w.signal(signal.SIGKILL)
-                w.process.wait()
-        if self._redis is not None:
-            self._redis.stop()
-            self._redis = None
+        """Warm shutdown (SIGTERM), then SIGKILL after a grace period, or at once when an
+        interrupt (Ctrl-C) cuts the grace period short; then Redis, in every case."""
+        try:
+            for w in self.workers:
+                w.signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for w in self.workers:
+                if w.process is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        w.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        finally:
+            for w in self.workers:
+                if w.process is not None and w.alive():
+                    w.signal(signal.SIGKILL)
+                    w.process.wait()
+            if self._redis is not None:
+                self._redis.stop()
+                self._redis = None

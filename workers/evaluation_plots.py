@@ -40,7 +40,8 @@ from edgetrain.common.schemas import ProfileTable
 LABELS = {"baseline1": "Baseline 1", "baseline2": "Baseline 2", "edgetrain": "edgetrain", "oracle": "oracle"}
 COLOURS = {"baseline1": "#999999", "baseline2": "#56b4e9", "edgetrain": "#e69f00", "oracle": "#009e73"}  # Okabe-Ito
 MARKERS = {"baseline1": "s", "baseline2": "D", "edgetrain": "o", "oracle": "^"}
-CELL_OFFSETS = {"baseline1": (-0.25, 0.2), "baseline2": (0.25, 0.2), "edgetrain": (-0.25, -0.2), "oracle": (0.25, -0.2)}
+# each method's marker in a corner of its cell, clear of the value written in the middle
+CELL_OFFSETS = {"baseline1": (-0.33, 0.28), "baseline2": (0.33, 0.28), "edgetrain": (-0.33, -0.28), "oracle": (0.33, -0.28)}
 SIMULATED_NOTE = "SIMULATED devices: time, power and energy come from twins"
 PANEL_HEIGHT_IN = 3.4
 
@@ -90,7 +91,7 @@ def _speedups(ax: Axes, rows: list[EvaluationRow]) -> None:
     for xi, row in enumerate(rows):
         b1 = "n/a" if row.speedup_vs_baseline1 is None else f"{row.speedup_vs_baseline1:.2f}x"
         gap = "n/a" if row.gap_to_oracle_pct is None else f"{row.gap_to_oracle_pct:+.1f} %"
-        ax.text(xi, ax.get_ylim()[1] * 0.97, f"edgetrain vs B1: {b1}\nvs oracle: {gap}", ha="center", va="top", fontsize=7.5)
+        ax.text(xi, ax.get_ylim()[1] * 0.97, f"edgetrain vs B1: {b1}\nvs oracle: {gap}", ha="center", va="top", fontsize=8.5)
 
 
 def plot_time_energy(rows: list[EvaluationRow], path: str | Path, title: str | None = None) -> None:
@@ -127,13 +128,13 @@ def _sensitivity_panel(ax: Axes, matrix: SensitivityMatrix, norm: Normalize) -> 
         text = "not\nreached" if np.isnan(v) else f"{v:.1f} %"
         r, g, b, _ = cmap(norm(0 if np.isnan(v) else v))
         colour = "black" if np.isnan(v) or 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
-        ax.text(j, i, text, ha="center", va="center", fontsize=8, color=colour)
+        ax.text(j, i, text, ha="center", va="center", fontsize=11, color=colour)
     ax.axhline(n - 0.5, color="white", linewidth=4)
-    ax.set_xticks(range(n), matrix.datasets, rotation=30, ha="right", fontsize=8)
-    ax.set_yticks(range(n + 1), [f"edgetrain, proxy {d}" for d in matrix.datasets] + ["Baseline 1 (no proxy)"], fontsize=8)
+    ax.set_xticks(range(n), matrix.datasets, rotation=20, ha="right", fontsize=10)
+    ax.set_yticks(range(n + 1), [f"edgetrain, proxy {d}" for d in matrix.datasets] + ["Baseline 1 (no proxy)"], fontsize=10)
     ax.set_xlabel("target dataset")
     simulated = "  |  SIMULATED" if matrix.simulated else ""
-    ax.set_title(f"{matrix.device_type}, {cap_text(matrix.power_cap_w)}{simulated}", fontsize=9)
+    ax.set_title(f"{matrix.device_type}, {cap_text(matrix.power_cap_w)}{simulated}", fontsize=11)
     return image
 
 
@@ -155,7 +156,7 @@ def plot_sensitivity(matrices: list[SensitivityMatrix], path: str | Path, title:
     fig.colorbar(images[0], ax=list(axes[: len(matrices)]), label="% time to accuracy over the oracle", shrink=0.8, extend="max")
     simulated = any(m.simulated for m in matrices)
     fig.suptitle(f"{title or 'proxy sensitivity'}: % more time to the target than the oracle (grey: not reached)"
-                 f"{_simulated_suffix(simulated)}", fontsize=10)  # fmt: skip
+                 f"{_simulated_suffix(simulated)}", fontsize=12)  # fmt: skip
     fig.savefig(path, dpi=DPI)
 
 
@@ -168,7 +169,7 @@ def plot_choices(table: ProfileTable, row: EvaluationRow, path: str | Path) -> N
     handles = []
     for name, method in chosen.items():
         style: dict[str, Any] = {
-            "marker": MARKERS[name], "color": COLOURS[name], "markeredgecolor": "black", "markersize": 9, "linestyle": "none",
+            "marker": MARKERS[name], "color": COLOURS[name], "markeredgecolor": "black", "markersize": 7, "linestyle": "none",
         }
         label = LABELS[name] if method.reached else f"{LABELS[name]} ({'not reached' if method.batch_size else 'none under the cap'})"
         handles.append(Line2D([], [], label=label, **style))
