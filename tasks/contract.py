@@ -8,6 +8,7 @@ Queues: `server` (proxy training and pre-training, scaled by adding server worke
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
 
 from celery import Celery
 from celery.result import AsyncResult
@@ -45,10 +46,25 @@ FIXED_ROUTES: dict[TaskName, str] = {
 }  # profile_device and finetune go to the queue of the device they name
 
 
+def label(task: TaskName, body: dict[str, Any] | str) -> str:
+    """How a task shows in logs and Flower: its name and whom it serves, e.g.
+    `edgetrain.finetune[3f2a9c/nano-1]` (job/device) or `edgetrain.train_proxy[b=16 seed=0]`."""
+    if isinstance(body, str):
+        return f"{task.value}[{body}]"
+    subject = "/".join(str(body[k]) for k in ("job_id", "device_id") if body.get(k))
+    if task == TaskName.profile_device:
+        subject = f"{body.get('device_id')} {body.get('model')}"
+    elif task == TaskName.train_proxy:
+        subject = f"b={body.get('batch_size')} seed={body.get('seed')}"
+    elif task in (TaskName.estimate_relation_vector, TaskName.pretrain):
+        subject = str(body.get("model") or body.get("request", {}).get("model"))
+    return f"{task.value}[{subject}]"
+
+
 def send(app: Celery, task: TaskName, payload: BaseModel | str, queue: str | None = None) -> AsyncResult:
     """Send `task` with its payload to `queue` (default: its fixed route)."""
     route = queue or FIXED_ROUTES.get(task)
     if route is None:
         raise ValueError(f"{task.value} goes to a device queue: name the queue")
     body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
-    return app.send_task(task.value, args=[body], queue=route)
+    return app.send_task(task.value, args=[body], queue=route, shadow=label(task, body))

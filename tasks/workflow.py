@@ -9,8 +9,6 @@ once-only markers in Redis make repeated or concurrent advances harmless.
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from celery.utils.log import get_task_logger
 
 from edgetrain.common.admission import job_refusal
@@ -18,12 +16,14 @@ from edgetrain.common.jobs import (
     TERMINAL,
     DevicePart,
     EventKind,
+    JobRecord,
     JobState,
     PartState,
     job_state,
 )
 from edgetrain.common.keys import table_resource, vector_resource
 from edgetrain.common.planner import (
+    Cancel,
     Decision,
     Fail,
     FineTune,
@@ -35,7 +35,6 @@ from edgetrain.common.planner import (
 )
 from edgetrain.common.schemas import (
     DeviceTarget,
-    JobSpec,
     ProfileTable,
     RelationVector,
     utc_now,
@@ -70,8 +69,8 @@ def fail_resource(resource: str, reason: str) -> None:
 class _Reader:
     """Reads what the planner needs, each table and vector once per advance."""
 
-    def __init__(self, s: Store, job_id: str, spec: JobSpec, created_at: datetime):
-        self.s, self.job_id, self.spec, self.created_at = s, job_id, spec, created_at
+    def __init__(self, s: Store, record: JobRecord):
+        self.s, self.job_id, self.spec, self.record = s, record.job_id, record.spec, record
         self._tables: dict[str, ProfileTable | None] = {}
         self._vectors: dict[str, RelationVector | None] = {}
 
@@ -84,6 +83,7 @@ class _Reader:
             return PartView(
                 self.job_id, self.spec, target, part, None,
                 registered=registered, last_seen=seen, heartbeat_ttl_s=settings().heartbeat_ttl_s, now=utc_now(),
+                cancelled_at=self.record.cancelled_at,
             )  # fmt: skip
         tid, vkey = resource_ids(self.spec, device.device_type)
         if tid not in self._tables:
@@ -96,8 +96,9 @@ class _Reader:
             vector=self._vectors[vkey],
             table_failure=self._failure(table_resource(tid)),
             vector_failure=self._failure(vector_resource(vkey)),
-            not_before=self.created_at if self.spec.profiling.force else None,
+            not_before=self.record.created_at if self.spec.profiling.force else None,
             now=utc_now(),
+            cancelled_at=self.record.cancelled_at,
         )  # fmt: skip
 
     def _failure(self, resource: str) -> str | None:
@@ -116,7 +117,7 @@ def advance_job(job_id: str) -> str:
     spec = record.spec
     refusal = job_refusal(spec, settings().allowed_model_modules)  # a spec written past the client
     with s.lock(s.keys.job_lock(job_id), JOB_LOCK_TIMEOUT_S):
-        reader = _Reader(s, job_id, spec, record.created_at)
+        reader = _Reader(s, record)
         ids = [d.device_id for d in spec.devices]
         for target, part in zip(spec.devices, s.jobs.parts(job_id, ids)):
             if part.state in TERMINAL:
@@ -143,14 +144,18 @@ def _apply(job_id: str, part: DevicePart, view: PartView | None, decision: Decis
     device_id, seen = part.device_id, part.state
     if isinstance(decision, Wait):
         if decision.notice != part.waiting and s.jobs.update_part(job_id, device_id, {"waiting": decision.notice}, seen):
-            if decision.notice:
-                s.jobs.event(job_id, EventKind.device_missing, decision.notice, device_id)
+            if decision.device_missing:
+                s.jobs.event(job_id, EventKind.device_missing, decision.notice or "", device_id)
                 _release_table_claim(job_id, view, part)
         return
     if isinstance(decision, Fail):
         _fail(job_id, part, decision.reason)
         return
-    identity = {"device_type": decision.device.device_type, "simulated": decision.device.simulated, "waiting": None}
+    if isinstance(decision, Cancel):
+        s.jobs.update_part(job_id, device_id, {"state": PartState.cancelled, "reason": decision.reason, "waiting": None}, seen)
+        return
+    device = decision.device
+    identity = {"device_type": device.device_type, "simulated": device.simulated, "control": device.control, "waiting": None}
     if isinstance(decision, Prepare):
         assert view is not None
         if not s.jobs.update_part(job_id, device_id, identity | {"state": decision.state}, seen):
