@@ -61,6 +61,7 @@ def time_limits(settings: Settings) -> dict[str, dict[str, int]]:
 
     kinds = {
         TaskName.advance_job: settings.control_time_limit_s,
+        TaskName.advance_page: settings.control_time_limit_s,
         TaskName.estimate_relation_vector: settings.control_time_limit_s,
         TaskName.profile_device: settings.profile_time_limit_s,
         TaskName.finetune: settings.training_time_limit_s,

@@ -22,6 +22,7 @@ class TaskName(str, Enum):
     """Every task, by the name producers send and workers register."""
 
     advance_job = "edgetrain.advance_job"  # payload: the job id
+    advance_page = "edgetrain.advance_page"  # JobPage
     profile_device = "edgetrain.profile_device"  # ProfileRequest -> ProfileResult
     finetune = "edgetrain.finetune"  # FinetuneRequest -> RunReport
     estimate_relation_vector = "edgetrain.estimate_relation_vector"  # EstimationRequest -> EstimateResult
@@ -40,6 +41,7 @@ def device_queue(device_id: str) -> str:
 
 FIXED_ROUTES: dict[TaskName, str] = {
     TaskName.advance_job: CONTROL_QUEUE,
+    TaskName.advance_page: CONTROL_QUEUE,
     TaskName.estimate_relation_vector: SERVER_QUEUE,
     TaskName.train_proxy: SERVER_QUEUE,
     TaskName.pretrain: SERVER_QUEUE,
@@ -51,6 +53,8 @@ def label(task: TaskName, body: dict[str, Any] | str) -> str:
     `edgetrain.finetune[3f2a9c/nano-1]` (job/device) or `edgetrain.train_proxy[b=16 seed=0]`."""
     if isinstance(body, str):
         return f"{task.value}[{body}]"
+    if task == TaskName.advance_page:
+        return f"{task.value}[{body.get('job_id')} page {body.get('page')}]"
     subject = "/".join(str(body[k]) for k in ("job_id", "device_id") if body.get(k))
     if task == TaskName.profile_device:
         subject = f"{body.get('device_id')} {body.get('model')}"

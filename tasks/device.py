@@ -45,8 +45,8 @@ from edgetrain.common.workload import measure_workload
 
 from .app import app
 from .context import attempts_exceeded, bound_device, bound_device_id, settings, store
-from .contract import TaskFailed, TaskName, send
-from .workflow import fail_resource, notify_waiters
+from .contract import TaskFailed, TaskName
+from .workflow import advance_device, fail_resource, notify_waiters
 
 logger = get_task_logger(__name__)
 SPLIT_SEED = 0
@@ -113,7 +113,7 @@ def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
         reason = f"cancelled after {stop.samples} samples; the device's settings were restored"
         if s.jobs.update_part(job_id, device_id, {"state": PartState.cancelled, "reason": reason, "waiting": None}, PartState.finetuning):
             s.jobs.event(job_id, EventKind.cancelled, reason, device_id)
-        send(app, TaskName.advance_job, job_id)
+        advance_device(job_id, device_id)
         return None
     except Exception as exc:
         _fail_part(job_id, device_id, f"fine-tuning failed: {_describe(exc)}")
@@ -122,7 +122,7 @@ def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
     if s.jobs.update_part(job_id, device_id, changes, PartState.finetuning):
         s.jobs.event(job_id, EventKind.completed, f"completed, accuracy {report.final_accuracy:.3f}", device_id)
     (settings().artifact_dir / checkpoint_name(job_id, device_id)).unlink(missing_ok=True)
-    send(app, TaskName.advance_job, job_id)
+    advance_device(job_id, device_id)
     return report
 
 
@@ -144,7 +144,7 @@ def _fail_part(job_id: str, device_id: str, reason: str) -> None:
     s = store()
     if s.jobs.update_part(job_id, device_id, {"state": PartState.failed, "reason": reason, "waiting": None}, PartState.finetuning):
         s.jobs.event(job_id, EventKind.failed, f"failed: {reason}", device_id)
-    send(app, TaskName.advance_job, job_id)
+    advance_device(job_id, device_id)
 
 
 def _count_attempt(request: FinetuneRequest) -> AttemptLog:
