@@ -6,6 +6,9 @@ again, against its own allow-list, before anything is dispatched."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
 
 from .datasets.registry import dataset_names
 from .models import model_names, unknown_model_message
@@ -33,16 +36,39 @@ def dataset_problems(field: str, ref: DatasetRef) -> list[str]:
     return problems
 
 
-def job_problems(spec: JobSpec, allowed_modules: Sequence[str] | None) -> list[str]:
-    """Every reason `spec` may not run, each starting with its field; empty when it may."""
-    problems = [p for p in (model_problem(spec.model, allowed_modules),) if p]
-    if problem := weights_problem(spec.weights):
+def dataset_refs(raw: dict[str, Any]) -> dict[str, DatasetRef]:
+    """The dataset references of a job spec (a dict, possibly invalid elsewhere), by field;
+    references that are themselves malformed are left to the schema's errors."""
+    values = {"dataset": raw.get("dataset"), "proxy_dataset": raw.get("proxy_dataset")}
+    devices = raw.get("devices")
+    for i, device in enumerate(devices if isinstance(devices, list) else []):
+        if isinstance(device, dict) and device.get("dataset") is not None:
+            values[f"devices.{i}.dataset"] = device["dataset"]
+    refs = {}
+    for field, value in values.items():
+        try:
+            refs[field] = DatasetRef.model_validate(value)
+        except ValidationError:
+            continue
+    return refs
+
+
+def spec_problems(raw: dict[str, Any], allowed_modules: Sequence[str] | None) -> list[str]:
+    """Every reason the job spec `raw` (a dict, possibly invalid elsewhere, so that all its
+    problems are found in one pass) may not run, each starting with its field."""
+    problems = []
+    if isinstance(model := raw.get("model"), str) and (problem := model_problem(model, allowed_modules)):
+        problems.append(problem)
+    if isinstance(weights := raw.get("weights", "init:0"), str) and (problem := weights_problem(weights)):
         problems.append(f"weights: {problem}")
-    refs = {"dataset": spec.dataset, "proxy_dataset": spec.proxy_dataset}
-    refs.update({f"devices.{i}.dataset": d.dataset for i, d in enumerate(spec.devices) if d.dataset})
-    for field, ref in refs.items():
+    for field, ref in dataset_refs(raw).items():
         problems += dataset_problems(field, ref)
     return problems
+
+
+def job_problems(spec: JobSpec, allowed_modules: Sequence[str] | None) -> list[str]:
+    """Every reason `spec` may not run, each starting with its field; empty when it may."""
+    return spec_problems(spec.model_dump(mode="json"), allowed_modules)
 
 
 def job_refusal(spec: JobSpec, allowed_modules: Sequence[str]) -> str | None:

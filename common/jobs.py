@@ -7,6 +7,7 @@ from enum import Enum
 
 from pydantic import Field
 
+from .control_axis import ControlAxis
 from .schemas import JobSpec, RunReport, Selection, Strict, utc_now
 
 
@@ -19,9 +20,10 @@ class PartState(str, Enum):
     finetuning = "finetuning"
     completed = "completed"
     failed = "failed"
+    cancelled = "cancelled"
 
 
-TERMINAL = frozenset({PartState.completed, PartState.failed})
+TERMINAL = frozenset({PartState.completed, PartState.failed, PartState.cancelled})
 
 
 class DevicePart(Strict):
@@ -33,6 +35,7 @@ class DevicePart(Strict):
     reason: str | None = None
     device_type: str | None = None
     simulated: bool | None = None
+    control: ControlAxis | None = Field(None, description="what the device's settings are (clocks, power limits)")
     selection: Selection | None = None
     baseline1: Selection | None = None
     estimated_time_to_accuracy_s: float | None = None
@@ -50,6 +53,7 @@ class JobState(str, Enum):
     completed = "completed"  # every device part completed
     partial = "partial"  # some parts completed, some failed
     failed = "failed"  # every part failed
+    cancelled = "cancelled"  # cancelled before every part finished
 
 
 class JobRecord(Strict):
@@ -58,6 +62,7 @@ class JobRecord(Strict):
     job_id: str
     spec: JobSpec
     created_at: datetime = Field(default_factory=utc_now)
+    cancelled_at: datetime | None = Field(None, description="when cancelling the job was asked for")
 
 
 class EventKind(str, Enum):
@@ -74,7 +79,9 @@ class EventKind(str, Enum):
     baseline1_unavailable = "baseline1_unavailable"
     completed = "completed"
     failed = "failed"
-    finished = "finished"  # every part is completed or failed
+    finished = "finished"  # every part is completed, failed or cancelled
+    cancelled = "cancelled"
+    requeued = "requeued"  # a failed or cancelled part is planned again
 
 
 class JobEvent(Strict):
@@ -123,6 +130,16 @@ class AttemptLog(Strict):
     lost_energy_j: float = 0.0
 
 
+class JobSummary(Strict):
+    """One line of the job list."""
+
+    job_id: str
+    state: JobState
+    model: str
+    devices: int
+    created_at: datetime
+
+
 class JobStatus(Strict):
     """Everything known about a job, read in one go."""
 
@@ -133,10 +150,27 @@ class JobStatus(Strict):
     progress: dict[str, FinetuneProgress] = Field(default_factory=dict)
     created_at: datetime
     events: list[JobEvent] = Field(default_factory=list)
+    cancelled_at: datetime | None = None
+    notes: list[str] = Field(default_factory=list, description="what the job waits for that nothing will do")
+
+    def digest(self) -> str:
+        """What changes as the job goes on: part states and waits, progress, notes, events."""
+        parts = ";".join(f"{d}={p.state.value}:{p.waiting}" for d, p in self.parts.items())
+        progress = ";".join(f"{d}={p.samples}" for d, p in self.progress.items())
+        return f"{self.state.value}|{parts}|{progress}|{len(self.events)}|{'|'.join(self.notes)}"
+
+    def __str__(self) -> str:
+        """One line per job: its state and each device's."""
+        def part(device_id: str, p: DevicePart) -> str:
+            done = self.progress.get(device_id)
+            more = f" (samples {done.samples}, accuracy {done.accuracy:.3f})" if done and p.state == PartState.finetuning else ""
+            return f"{device_id} {p.state.value}{more}"
+
+        return f"job {self.job_id} {self.state.value}: " + ", ".join(part(d, p) for d, p in self.parts.items())
 
     @property
     def finished(self) -> bool:
-        """Every part is completed or failed."""
+        """Every part is completed, failed or cancelled."""
         return all(p.state in TERMINAL for p in self.parts.values())
 
 
@@ -145,6 +179,8 @@ def job_state(parts: list[DevicePart]) -> JobState:
     states = {p.state for p in parts}
     if not states <= TERMINAL:
         return JobState.running if states != {PartState.pending} else JobState.queued
+    if PartState.cancelled in states:
+        return JobState.cancelled
     if states == {PartState.completed}:
         return JobState.completed
     if states == {PartState.failed}:

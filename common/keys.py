@@ -25,7 +25,7 @@
     <p>:job:<id>:events                    list of JobEvent JSON
     <p>:job:<id>:checkpoint:<device>       CheckpointRef JSON: the fine-tune's last checkpoint
     <p>:job:<id>:attempts:<device>         AttemptLog JSON: lost attempts of the fine-tune
-    <p>:lock:job:<id>                      the lock held while a job advances
+    <p>:lock:job:<id>:<page>               the lock held while a page of a job advances
 
 A resource is a table (`table:<table id>`) or a relation vector (`vector:<key>`). The prefix
 (`EDGETRAIN_KEY_PREFIX`, default "edgetrain") lets several deployments or test runs share one
@@ -166,5 +166,5 @@ class Keys:
     def attempt_log(self, job_id: str, device_id: str) -> str:
         return f"{self.prefix}:job:{job_id}:attempts:{device_id}"
 
-    def job_lock(self, job_id: str) -> str:
-        return f"{self.prefix}:lock:job:{job_id}"
+    def job_lock(self, job_id: str, page: int) -> str:
+        return f"{self.prefix}:lock:job:{job_id}:{page}"

@@ -23,6 +23,19 @@ from .schemas import (
 )
 
 
+class JobPage(Strict):
+    """One page of a job's devices (`page_size` of them, in the spec's order) to advance."""
+
+    job_id: str = Field(pattern=ID_PATTERN)
+    page: int = Field(ge=0)
+
+
+def device_page(job_id: str, spec: JobSpec, device_id: str, page_size: int) -> JobPage:
+    """The page of job `job_id` that holds `device_id`."""
+    index = next(i for i, d in enumerate(spec.devices) if d.device_id == device_id)
+    return JobPage(job_id=job_id, page=index // page_size)
+
+
 class ProfileRequest(Strict):
     """Profile `model` on device `device_id`: T[b][f] and P[b][f] for its device type.
 

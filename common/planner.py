@@ -9,8 +9,9 @@ A part's states and their transitions:
     profiling  -> estimating | finetuning | failed   the table is ready (or failed)
     estimating -> profiling | finetuning | failed    the vector is ready (or failed); a table
                                                      that went stale is profiled again
-    finetuning -> completed | failed                 set by the `finetune` task
-    completed, failed                                final
+    finetuning -> completed | failed | cancelled     set by the `finetune` task
+    any other  -> cancelled                          the job was cancelled
+    completed, failed, cancelled                     final
 
 A device that stops heartbeating (after it was seen) does not fail its parts at once: they
 wait `spec.device_grace_s` seconds after the fleet gives it up (its heartbeat TTL) for it to come
@@ -27,6 +28,8 @@ The decisions:
   waits in `state` until they are produced.
 - `FineTune`: both exist: the selection of equation (4) (or the target's fixed configuration,
   checked against the table), Baseline 1 for comparison, and the fine-tuning request.
+- `Cancel`: the job was cancelled; a part being fine-tuned on a live device is left to its
+  task, which stops at its next step.
 """
 
 from __future__ import annotations
@@ -88,14 +91,17 @@ class PartView:
     last_seen: datetime | None = None
     heartbeat_ttl_s: float = 0.0
     now: datetime | None = None
+    cancelled_at: datetime | None = None
 
 
 @dataclass(frozen=True)
 class Wait:
-    """Nothing to do now; `notice` tells the user what the part waits for, when unusual."""
+    """Nothing to do now; `notice` tells the user what the part waits for, when unusual
+    (`device_missing`: its device stopped heartbeating)."""
 
     reason: str
     notice: str | None = None
+    device_missing: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,7 +137,14 @@ class FineTune:
     baseline1_problem: str | None = None  # why Baseline 1 has no configuration
 
 
-Decision = Wait | Fail | Prepare | FineTune
+@dataclass(frozen=True)
+class Cancel:
+    """The part stops: its job was cancelled."""
+
+    reason: str
+
+
+Decision = Wait | Fail | Prepare | FineTune | Cancel
 
 
 def resource_ids(spec: JobSpec, device_type: str) -> tuple[str, str]:
@@ -144,6 +157,10 @@ def plan(view: PartView) -> Decision:
     part, target, spec = view.part, view.target, view.spec
     if part.state in TERMINAL:
         return Wait(f"part is {part.state.value}")
+    if view.cancelled_at is not None:
+        if part.state == PartState.finetuning and view.device is not None:
+            return Wait("cancelling", notice="cancelled: the fine-tune stops at its next step")
+        return Cancel(f"cancelled at {view.cancelled_at:%Y-%m-%d %H:%M:%S} UTC")
     device = view.device
     if device is None:
         return _missing_device(view)
@@ -187,6 +204,7 @@ def _missing_device(view: PartView) -> Decision:
         "device missing",
         notice=f"device {device_id!r} has not been heard from since {seen:%H:%M:%S} UTC; "
         f"the part fails at {deadline:%H:%M:%S} UTC unless it comes back",
+        device_missing=True,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from .control_axis import ControlAxis
 from .jobs import FinetuneProgress, JobEvent, JobState, JobStatus, PartState
 from .schemas import JobSpec, RunReport, Selection, Strict
 
@@ -23,6 +24,8 @@ class DeviceReport(Strict):
     baseline1_estimated_time_to_accuracy_s: float | None
     estimated_speedup_vs_baseline1: float | None
     achieved: RunReport | None
+    over_cap: bool = Field(False, description="the peak power measured while fine-tuning was above the cap")
+    control: ControlAxis | None = Field(None, description="what the device's settings are (clocks, power limits)")
     progress: FinetuneProgress | None = None
 
 
@@ -55,6 +58,8 @@ class JobReport(Strict):
                     baseline1_estimated_time_to_accuracy_s=base,
                     estimated_speedup_vs_baseline1=base / ours if ours and base else None,
                     achieved=part.report,
+                    over_cap=bool(part.report and part.power_cap_w is not None and part.report.peak_power_w > part.power_cap_w),
+                    control=part.control,
                     progress=status.progress.get(part.device_id),
                 )
             )

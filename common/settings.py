@@ -31,6 +31,7 @@ class Settings(BaseSettings):
         30.0, ge=0, description="a fine-tune checkpoints at the first evaluation this long after the last (s)"
     )
     task_max_retries: int = Field(3, ge=0, description="redeliveries of a task whose worker died")
+    page_size: int = Field(50, gt=0, le=1000, description="devices of a job advanced by one job step")
     torch_threads: int = Field(0, ge=0, description="torch threads per worker process; 0 = torch's default")
     control_time_limit_s: int = Field(300, gt=0, description="hard time limit of a job step (s)")
     profile_time_limit_s: int = Field(4 * 3600, gt=0, description="hard time limit of profiling one table (s)")

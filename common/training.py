@@ -39,7 +39,7 @@ def set_batch_size(trainer: Trainer, policy: LearningRatePolicy, batch_size: int
         group["lr"] = policy.lr_for(batch_size)
 
 
-def _loss_and_correct(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_and_correct(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy and correct predictions for class logits (N, C) or sequences (N, T, V)."""
     flat_logits = logits.reshape(-1, logits.shape[-1])
     flat_target = target.reshape(-1)
@@ -82,7 +82,7 @@ class Trainer:
     def step(self) -> None:
         """Train on one mini-batch."""
         idx = self._next_indices()
-        loss, _ = _loss_and_correct(self.model(self.train_x[idx]), self.train_y[idx])
+        loss, _ = loss_and_correct(self.model(self.train_x[idx]), self.train_y[idx])
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -120,7 +120,7 @@ class Trainer:
         x, y = self.test
         correct = total = 0
         for start in range(0, len(y), EVAL_CHUNK):
-            _, hits = _loss_and_correct(self.model(x[start : start + EVAL_CHUNK]), y[start : start + EVAL_CHUNK])
+            _, hits = loss_and_correct(self.model(x[start : start + EVAL_CHUNK]), y[start : start + EVAL_CHUNK])
             correct += int(hits)
             total += y[start : start + EVAL_CHUNK].numel()
         self.model.train()

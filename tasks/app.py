@@ -43,7 +43,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_expires": 7 * 24 * 3600,
         "task_track_started": True,
         "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        "task_send_sent_event": False,  # Flower learns of a task when a worker receives it, under its label
         "task_default_queue": CONTROL_QUEUE,
         "task_routes": {task.value: {"queue": queue} for task, queue in FIXED_ROUTES.items()},
         "task_annotations": time_limits(settings),
@@ -61,6 +61,7 @@ def time_limits(settings: Settings) -> dict[str, dict[str, int]]:
 
     kinds = {
         TaskName.advance_job: settings.control_time_limit_s,
+        TaskName.advance_page: settings.control_time_limit_s,
         TaskName.estimate_relation_vector: settings.control_time_limit_s,
         TaskName.profile_device: settings.profile_time_limit_s,
         TaskName.finetune: settings.training_time_limit_s,

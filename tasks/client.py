@@ -14,8 +14,9 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
-from edgetrain.common.admission import job_problems
-from edgetrain.common.jobs import JobStatus
+from edgetrain.common.admission import dataset_refs, spec_problems
+from edgetrain.common.datasets import USER_DATA, DatasetMissingError, locate
+from edgetrain.common.jobs import JobState, JobStatus, JobSummary, PartState
 from edgetrain.common.keys import (
     DEFAULT_PREFIX,
     table_id,
@@ -40,6 +41,7 @@ from edgetrain.common.store import JobNotFoundError, Store, claim_token
 
 from .app import producer_app
 from .contract import TaskName, device_queue, send
+from .diagnosis import stalled
 
 __all__ = [
     "EdgeTrainClient", "JobNotFoundError", "JobSpecError", "Pending", "ResourceFailed", "poll_until", "validate_job",
@@ -52,17 +54,36 @@ class JobSpecError(ValueError):
 
 def validate_job(spec: JobSpec | dict[str, Any]) -> JobSpec:
     """Validate a job spec without importing or reading anything it names; raises
-    JobSpecError naming every bad field. A user model's module is checked against
-    EDGETRAIN_ALLOWED_MODEL_MODULES when this process has it (the workers always do)."""
+    JobSpecError naming every bad field at once (its form, then what it names). A user
+    model's module is checked against EDGETRAIN_ALLOWED_MODEL_MODULES when this process has
+    it (the workers always do)."""
+    raw = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else spec
+    lines = []
     try:
         job = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
     except ValidationError as exc:
         lines = [f"{'.'.join(map(str, e['loc'])) or '(job)'}: {e['msg']}" for e in exc.errors()]
-        raise JobSpecError("invalid job spec:\n  " + "\n  ".join(lines)) from None
-    problems = job_problems(job, get_settings().allowed_model_modules or None)
-    if problems:
-        raise JobSpecError("invalid job spec:\n  " + "\n  ".join(problems))
+    if isinstance(raw, dict):
+        named = {line.split(":")[0] for line in lines}
+        lines += [p for p in spec_problems(raw, get_settings().allowed_model_modules or None) if p.split(":")[0] not in named]
+    if lines:
+        raise JobSpecError("invalid job spec:\n  " + "\n  ".join(lines))
     return job
+
+
+def datasets_missing_here(spec: JobSpec) -> list[str]:
+    """Notes on the datasets of `spec` that this machine does not have: not an error (the
+    devices and the server workers read their own copies), but they will need them."""
+    notes = []
+    for field, ref in dataset_refs(spec.model_dump(mode="json")).items():
+        if ref.name in USER_DATA:
+            continue
+        try:
+            locate(ref.name)
+        except DatasetMissingError as exc:
+            who = "the server workers" if field == "proxy_dataset" else "the devices"
+            notes.append(f"{field}: {exc}; {who} will need it")
+    return notes
 
 
 T = TypeVar("T")
@@ -107,6 +128,7 @@ class EdgeTrainClient:
         when set, gives its user's password."""
         settings = Settings(redis_url=redis_url, key_prefix=key_prefix, redis_url_file=None)
         self.redis_url = settings.redis_url
+        self.settings = settings
         self.store = Store.connect(settings.redis_url, key_prefix)
         self.app = producer_app(settings)
         self.owner = f"client:{socket.gethostname()}:{os.getpid()}"  # who claims what this client produces
@@ -120,8 +142,11 @@ class EdgeTrainClient:
         return job_id
 
     def status(self, job_id: str) -> JobStatus:
-        """The job's state, parts, progress and events; JobNotFoundError for an unknown id."""
-        return self.store.jobs.status(job_id)
+        """The job's state, parts, progress and events, with notes on what it waits for that
+        no live worker will do; JobNotFoundError for an unknown id."""
+        status = self.store.jobs.status(job_id)
+        workers = self.store.liveness.workers(self.settings.heartbeat_ttl_s)
+        return status.model_copy(update={"notes": stalled(status, workers)})
 
     def wait(
         self,
@@ -130,11 +155,14 @@ class EdgeTrainClient:
         on_update: Callable[[JobStatus], None] | None = None,
         poll_s: float = 0.5,
     ) -> JobStatus:
-        """Poll until every device part is completed or failed; `on_update` sees each status."""
+        """Poll until every device part is completed, failed or cancelled; `on_update` sees
+        each status that differs from the one before (states, progress, notes, events)."""
+        seen: list[str] = []
 
         def finished() -> JobStatus | None:
             status = self.status(job_id)
-            if on_update:
+            if on_update and (digest := status.digest()) not in seen[-1:]:
+                seen.append(digest)
                 on_update(status)
             return status if status.finished else None
 
@@ -147,6 +175,36 @@ class EdgeTrainClient:
     def fleet(self) -> list[DeviceInfo]:
         """Devices with a live heartbeat."""
         return self.store.fleet.devices()
+
+    def jobs(self, state: JobState | None = None, limit: int = 100) -> list[JobSummary]:
+        """The newest jobs (at most `limit`), newest first, or those in `state`."""
+        return [j for j in self.store.jobs.summaries(limit) if state is None or j.state == state]
+
+    def cancel(self, job_id: str) -> JobStatus:
+        """Stop a job: nothing more of it is dispatched, running fine-tunes stop at their next
+        step and restore their device. JobNotFoundError for an unknown id."""
+        self.store.jobs.cancel(job_id)
+        send(self.app, TaskName.advance_job, job_id)
+        return self.status(job_id)
+
+    def requeue(self, job_id: str, device_id: str) -> None:
+        """Plan a failed or cancelled part of a job again (a job that is cancelled stays so)."""
+        part = self.store.jobs.part(job_id, device_id)
+        if self.store.jobs.cancelled(job_id):
+            raise ValueError(f"job {job_id} is cancelled: submit it again instead")
+        if part.state not in (PartState.failed, PartState.cancelled):
+            raise ValueError(f"{device_id} of job {job_id} is {part.state.value}: only a failed or cancelled part is re-queued")
+        self.store.jobs.requeue(job_id, device_id, part.state)
+        for marker in (f"finetune:{job_id}:{device_id}", f"finished:{job_id}"):
+            self.store.coordination.forget(marker)
+        send(self.app, TaskName.advance_job, job_id)
+
+    def job_vector(self, job_id: str) -> RelationVector | None:
+        """The relation vector a job selects with, once estimated."""
+        record = self.store.jobs.record(job_id)
+        if record is None:
+            raise JobNotFoundError(f"no job {job_id!r}")
+        return self.store.resources.vector(vector_key(record.spec.estimation_request()))
 
     def estimate(self, request: EstimationRequest | dict[str, Any], timeout_s: float | None = None) -> RelationVector:
         """Estimate (or fetch the cached) relation vector on the server pool and wait for it."""

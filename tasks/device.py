@@ -45,8 +45,8 @@ from edgetrain.common.workload import measure_workload
 
 from .app import app
 from .context import attempts_exceeded, bound_device, bound_device_id, settings, store
-from .contract import TaskFailed, TaskName, send
-from .workflow import fail_resource, notify_waiters
+from .contract import TaskFailed, TaskName
+from .workflow import advance_device, fail_resource, notify_waiters
 
 logger = get_task_logger(__name__)
 SPLIT_SEED = 0
@@ -109,6 +109,12 @@ def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
         if attempts_exceeded(self.request.id):
             raise RuntimeError("fine-tuning was interrupted too many times (worker lost)")
         report = _finetune(request)
+    except Cancelled as stop:
+        reason = f"cancelled after {stop.samples} samples; the device's settings were restored"
+        if s.jobs.update_part(job_id, device_id, {"state": PartState.cancelled, "reason": reason, "waiting": None}, PartState.finetuning):
+            s.jobs.event(job_id, EventKind.cancelled, reason, device_id)
+        advance_device(job_id, device_id)
+        return None
     except Exception as exc:
         _fail_part(job_id, device_id, f"fine-tuning failed: {_describe(exc)}")
         raise TaskFailed(f"fine-tuning failed: {_describe(exc)}") from exc
@@ -116,8 +122,16 @@ def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
     if s.jobs.update_part(job_id, device_id, changes, PartState.finetuning):
         s.jobs.event(job_id, EventKind.completed, f"completed, accuracy {report.final_accuracy:.3f}", device_id)
     (settings().artifact_dir / checkpoint_name(job_id, device_id)).unlink(missing_ok=True)
-    send(app, TaskName.advance_job, job_id)
+    advance_device(job_id, device_id)
     return report
+
+
+class Cancelled(Exception):
+    """The job of a running fine-tune was cancelled: it stops where it is."""
+
+    def __init__(self, samples: int):
+        super().__init__(f"cancelled after {samples} samples")
+        self.samples = samples
 
 
 def _describe(exc: BaseException) -> str:
@@ -130,7 +144,7 @@ def _fail_part(job_id: str, device_id: str, reason: str) -> None:
     s = store()
     if s.jobs.update_part(job_id, device_id, {"state": PartState.failed, "reason": reason, "waiting": None}, PartState.finetuning):
         s.jobs.event(job_id, EventKind.failed, f"failed: {reason}", device_id)
-    send(app, TaskName.advance_job, job_id)
+    advance_device(job_id, device_id)
 
 
 def _count_attempt(request: FinetuneRequest) -> AttemptLog:
@@ -171,6 +185,8 @@ def _finetune(request: FinetuneRequest) -> RunReport:
 
     def on_evaluation(samples: int, accuracy: float, run: DeviceTotals) -> None:
         nonlocal last_checkpoint
+        if s.jobs.cancelled(job_id):
+            raise Cancelled(samples)
         s.jobs.set_progress(
             job_id, device_id,
             FinetuneProgress(

@@ -22,7 +22,7 @@ from typing_extensions import override
 from edgetrain.common.jobs import EventKind
 from edgetrain.common.keys import table_id, table_resource, vector_key, vector_resource
 from edgetrain.common.models import get_model
-from edgetrain.common.payloads import ProfileRequest, ProxyRunRequest
+from edgetrain.common.payloads import ProfileRequest, ProxyRunRequest, device_page
 from edgetrain.common.settings import Settings
 from edgetrain.common.store import Lease, Store, token_job
 
@@ -63,7 +63,7 @@ def _job_of(store: Store, lease: Lease) -> str | None:
     return token_job(holder) if holder else None
 
 
-def hand_on(store: Store, app: Celery, lease: Lease) -> None:
+def hand_on(store: Store, app: Celery, settings: Settings, lease: Lease) -> None:
     """Hand a lost task on (see the module docstring) and say so in its job's events."""
     if lease.task == TaskName.profile_device.value and lease.payload:
         outcome = _release_profile(store, app, lease)
@@ -76,18 +76,27 @@ def hand_on(store: Store, app: Celery, lease: Lease) -> None:
     job_id = _job_of(store, lease)
     if job_id:
         store.jobs.event(job_id, EventKind.attempt_lost, message, lease.device_id)
-        if lease.task != TaskName.advance_job.value:
-            send(app, TaskName.advance_job, job_id)
+        if lease.task not in (TaskName.advance_job.value, TaskName.advance_page.value):
+            _advance(store, app, settings, job_id, lease.device_id)
+
+
+def _advance(store: Store, app: Celery, settings: Settings, job_id: str, device_id: str | None) -> None:
+    """Advance the page of the job that holds `device_id` (the whole job without a device)."""
+    record = store.jobs.record(job_id)
+    if record is not None and device_id is not None:
+        send(app, TaskName.advance_page, device_page(job_id, record.spec, device_id, settings.page_size))
+    elif record is not None:
+        send(app, TaskName.advance_job, job_id)
 
 
 def reap_once(store: Store, app: Celery, settings: Settings) -> None:
     """One pass: hand on lost tasks; advance the jobs of devices that stopped heartbeating."""
     for lease in store.liveness.expired(settings.lease_ttl_s):
         if store.liveness.reap(lease.task_id):
-            hand_on(store, app, lease)
+            hand_on(store, app, settings, lease)
     for device_id in store.fleet.silent_since(settings.heartbeat_ttl_s):
         for job_id in store.jobs.device_jobs(device_id):
-            send(app, TaskName.advance_job, job_id)
+            _advance(store, app, settings, job_id, device_id)
 
 
 class Reaper(threading.Thread):

@@ -9,7 +9,7 @@ once-only markers in Redis make repeated or concurrent advances harmless.
 
 from __future__ import annotations
 
-from datetime import datetime
+import math
 
 from celery.utils.log import get_task_logger
 
@@ -18,12 +18,15 @@ from edgetrain.common.jobs import (
     TERMINAL,
     DevicePart,
     EventKind,
+    JobRecord,
     JobState,
     PartState,
     job_state,
 )
 from edgetrain.common.keys import table_resource, vector_resource
+from edgetrain.common.payloads import JobPage, device_page
 from edgetrain.common.planner import (
+    Cancel,
     Decision,
     Fail,
     FineTune,
@@ -35,7 +38,6 @@ from edgetrain.common.planner import (
 )
 from edgetrain.common.schemas import (
     DeviceTarget,
-    JobSpec,
     ProfileTable,
     RelationVector,
     utc_now,
@@ -68,22 +70,25 @@ def fail_resource(resource: str, reason: str) -> None:
 
 
 class _Reader:
-    """Reads what the planner needs, each table and vector once per advance."""
+    """Reads what the planner needs for one page of a job: its devices in one round trip,
+    each table and vector once, failures only where a table or vector is missing."""
 
-    def __init__(self, s: Store, job_id: str, spec: JobSpec, created_at: datetime):
-        self.s, self.job_id, self.spec, self.created_at = s, job_id, spec, created_at
+    def __init__(self, s: Store, record: JobRecord, targets: list[DeviceTarget]):
+        self.s, self.job_id, self.spec, self.record = s, record.job_id, record.spec, record
+        self._devices = s.fleet.devices_by_id([t.device_id for t in targets])
         self._tables: dict[str, ProfileTable | None] = {}
         self._vectors: dict[str, RelationVector | None] = {}
 
     def view(self, target: DeviceTarget, part: DevicePart) -> PartView:
         s = self.s
-        device = s.fleet.device(target.device_id)
+        device = self._devices.get(target.device_id)
         if device is None:
             registered = tuple(d.device_id for d in s.fleet.devices())
             seen = s.fleet.last_seen(target.device_id)
             return PartView(
                 self.job_id, self.spec, target, part, None,
                 registered=registered, last_seen=seen, heartbeat_ttl_s=settings().heartbeat_ttl_s, now=utc_now(),
+                cancelled_at=self.record.cancelled_at,
             )  # fmt: skip
         tid, vkey = resource_ids(self.spec, device.device_type)
         if tid not in self._tables:
@@ -94,10 +99,11 @@ class _Reader:
             self.job_id, self.spec, target, part, device,
             table=self._tables[tid],
             vector=self._vectors[vkey],
-            table_failure=self._failure(table_resource(tid)),
-            vector_failure=self._failure(vector_resource(vkey)),
-            not_before=self.created_at if self.spec.profiling.force else None,
+            table_failure=self._failure(table_resource(tid)) if self._tables[tid] is None else None,
+            vector_failure=self._failure(vector_resource(vkey)) if self._vectors[vkey] is None else None,
+            not_before=self.record.created_at if self.spec.profiling.force else None,
             now=utc_now(),
+            cancelled_at=self.record.cancelled_at,
         )  # fmt: skip
 
     def _failure(self, resource: str) -> str | None:
@@ -105,20 +111,48 @@ class _Reader:
         return failure.for_job(self.job_id) if failure else None
 
 
+def advance_device(job_id: str, device_id: str) -> None:
+    """Advance the page of job `job_id` that holds `device_id` (its part changed)."""
+    record = store().jobs.record(job_id)
+    if record is not None:
+        send(app, TaskName.advance_page, device_page(job_id, record.spec, device_id, settings().page_size))
+
+
 @app.task(name=TaskName.advance_job.value)
 def advance_job(job_id: str) -> str:
-    """Do the next step of every device part of job `job_id`; returns the job's state."""
-    s = store()
-    record = s.jobs.record(job_id)
+    """Do the next step of every device part of job `job_id`: at once for a job of one page,
+    else one `advance_page` task per page (control workers run them side by side, and no lock
+    or read grows with the fleet). Returns the job's state, or "paged"."""
+    record = store().jobs.record(job_id)
     if record is None:
         logger.warning("advance_job: no job %s", job_id)
         return "unknown job"
-    spec = record.spec
+    pages = math.ceil(len(record.spec.devices) / settings().page_size)
+    if pages == 1:
+        return _advance_page(record, 0)
+    for page in range(pages):
+        send(app, TaskName.advance_page, JobPage(job_id=job_id, page=page))
+    return "paged"
+
+
+@app.task(name=TaskName.advance_page.value, pydantic=True)
+def advance_page(page: JobPage) -> str:
+    """Do the next step of the parts of one page of a job; returns the job's state."""
+    record = store().jobs.record(page.job_id)
+    if record is None:
+        logger.warning("advance_page: no job %s", page.job_id)
+        return "unknown job"
+    return _advance_page(record, page.page)
+
+
+def _advance_page(record: JobRecord, page: int) -> str:
+    s, job_id, spec = store(), record.job_id, record.spec
+    size = settings().page_size
+    targets = spec.devices[page * size : (page + 1) * size]
     refusal = job_refusal(spec, settings().allowed_model_modules)  # a spec written past the client
-    with s.lock(s.keys.job_lock(job_id), JOB_LOCK_TIMEOUT_S):
-        reader = _Reader(s, job_id, spec, record.created_at)
-        ids = [d.device_id for d in spec.devices]
-        for target, part in zip(spec.devices, s.jobs.parts(job_id, ids)):
+    with s.lock(s.keys.job_lock(job_id, page), JOB_LOCK_TIMEOUT_S):
+        reader = _Reader(s, record, targets)
+        for target, part in zip(targets, s.jobs.parts(job_id, [t.device_id for t in targets])):
             if part.state in TERMINAL:
                 continue
             if refusal:
@@ -130,10 +164,9 @@ def advance_job(job_id: str) -> str:
             except Exception as exc:  # a bug or a model this worker cannot load: fail the part, say why
                 logger.exception("advancing %s/%s failed", job_id, part.device_id)
                 _fail(job_id, part, f"planning failed: {type(exc).__name__}: {exc}")
-        parts = s.jobs.parts(job_id, ids)
-        state = job_state(parts)
-        if state not in (JobState.queued, JobState.running) and s.coordination.once(f"finished:{job_id}"):
-            s.jobs.event(job_id, EventKind.finished, f"finished: {state.value}")
+    state = job_state(s.jobs.parts(job_id, [d.device_id for d in spec.devices]))
+    if state not in (JobState.queued, JobState.running) and s.coordination.once(f"finished:{job_id}"):
+        s.jobs.event(job_id, EventKind.finished, f"finished: {state.value}")
     return state.value
 
 
@@ -143,14 +176,18 @@ def _apply(job_id: str, part: DevicePart, view: PartView | None, decision: Decis
     device_id, seen = part.device_id, part.state
     if isinstance(decision, Wait):
         if decision.notice != part.waiting and s.jobs.update_part(job_id, device_id, {"waiting": decision.notice}, seen):
-            if decision.notice:
-                s.jobs.event(job_id, EventKind.device_missing, decision.notice, device_id)
+            if decision.device_missing:
+                s.jobs.event(job_id, EventKind.device_missing, decision.notice or "", device_id)
                 _release_table_claim(job_id, view, part)
         return
     if isinstance(decision, Fail):
         _fail(job_id, part, decision.reason)
         return
-    identity = {"device_type": decision.device.device_type, "simulated": decision.device.simulated, "waiting": None}
+    if isinstance(decision, Cancel):
+        s.jobs.update_part(job_id, device_id, {"state": PartState.cancelled, "reason": decision.reason, "waiting": None}, seen)
+        return
+    device = decision.device
+    identity = {"device_type": device.device_type, "simulated": device.simulated, "control": device.control, "waiting": None}
     if isinstance(decision, Prepare):
         assert view is not None
         if not s.jobs.update_part(job_id, device_id, identity | {"state": decision.state}, seen):

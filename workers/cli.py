@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
+
+from edgetrain.common.settings import get_settings
 
 from .cli_args import (
     ExitCode,
     connection_options,
+    device_id,
+    power_cap,
+    redacted,
     settings_from,
     warn_secret_on_command_line,
 )
@@ -21,12 +28,18 @@ from .output import (
     format_data_fetch,
     format_data_status,
     format_fleet,
+    format_jobs,
     format_report,
     format_selection,
     format_status,
+    format_vector,
+    note,
     print_json,
 )
 from .profile_cli import add_profile_commands
+
+if TYPE_CHECKING:
+    from edgetrain.tasks.client import EdgeTrainClient
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -72,46 +85,92 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return ExitCode.ok
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
-    """`edgetrain submit JOB.json [--wait]`."""
-    from edgetrain.tasks.client import EdgeTrainClient, JobSpecError
+def _client(args: argparse.Namespace) -> EdgeTrainClient:
+    from edgetrain.tasks.client import EdgeTrainClient
 
-    from .output import ProgressPrinter
+    settings = settings_from(args)
+    return EdgeTrainClient(settings.redis_url, settings.key_prefix)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """`edgetrain submit JOB.json [--wait]`: prints the job id, then notes on stderr."""
+    from edgetrain.tasks.client import JobSpecError, datasets_missing_here, validate_job
+
+    from .progress import JobProgress
 
     try:
-        spec = json.loads(Path(args.job).read_text())
+        spec = validate_job(json.loads(Path(args.job).read_text()))
     except (OSError, json.JSONDecodeError) as exc:
         print(f"cannot read job spec {args.job}: {exc}", file=sys.stderr)
         return ExitCode.usage
-    settings = settings_from(args)
-    client = EdgeTrainClient(settings.redis_url, settings.key_prefix)
-    try:
-        job_id = client.submit(spec)
     except JobSpecError as exc:
         print(exc, file=sys.stderr)
         return ExitCode.usage
-    print(job_id)
+    client = _client(args)
+    job_id = client.submit(spec)
+    print(job_id, flush=True)
+    for line in datasets_missing_here(spec) + client.status(job_id).notes:
+        note(f"note: {line}")
     if not args.wait:
         return ExitCode.ok
-    status = client.wait(job_id, on_update=ProgressPrinter())
+    progress = JobProgress()
+    try:
+        status = client.wait(job_id, on_update=progress)
+    finally:
+        progress.close()
     report = client.report(job_id)
     print_json(report) if args.json else print(format_report(report))
     return ExitCode.ok if status.state.value == "completed" else ExitCode.failed
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    """`edgetrain status JOB_ID`."""
-    from edgetrain.common.reports import JobReport
-    from edgetrain.tasks.client import EdgeTrainClient, JobNotFoundError
+def cmd_jobs(args: argparse.Namespace) -> int:
+    """`edgetrain jobs [--state S]`: the newest jobs."""
+    from edgetrain.common.jobs import JobState
 
-    settings = settings_from(args)
-    client = EdgeTrainClient(settings.redis_url, settings.key_prefix)
+    jobs = _client(args).jobs(JobState(args.state) if args.state else None, args.limit)
+    print_json(jobs) if args.json else print(format_jobs(jobs))
+    return ExitCode.ok
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """`edgetrain cancel JOB_ID`."""
+    status = _client(args).cancel(args.job_id)
+    note(f"job {args.job_id}: cancelling; running fine-tunes stop at their next step and restore their device")
+    print_json(status) if args.json else print(status)
+    return ExitCode.ok
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    """`edgetrain requeue JOB_ID DEVICE_ID`."""
     try:
-        status = client.status(args.job_id)
-    except JobNotFoundError as exc:
-        print(exc.args[0], file=sys.stderr)
+        _client(args).requeue(args.job_id, args.device_id)
+    except ValueError as exc:
+        print(f"edgetrain: {exc}", file=sys.stderr)
         return ExitCode.usage
-    print_json(JobReport.from_status(status)) if args.json else print(format_status(status))
+    note(f"job {args.job_id}: {args.device_id} re-queued")
+    return ExitCode.ok
+
+
+def cmd_vector_show(args: argparse.Namespace) -> int:
+    """`edgetrain vector show (--job JOB_ID | KEY) [--json]`."""
+    client = _client(args)
+    vector = client.job_vector(args.job) if args.job else client.store.resources.vector(args.key)
+    if vector is None:
+        what = f"job {args.job}'s relation vector is not estimated yet" if args.job else f"no relation vector {args.key!r}"
+        print(f"edgetrain: {what}", file=sys.stderr)
+        return ExitCode.not_found
+    print(vector.model_dump_json(indent=2)) if args.json else print(format_vector(vector))
+    return ExitCode.ok
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """`edgetrain status JOB_ID`: every state prints, notes included."""
+    from edgetrain.common.reports import JobReport
+
+    status = _client(args).status(args.job_id)
+    print_json(JobReport.from_status(status).model_dump(mode="json") | {"notes": status.notes}) if args.json else print(
+        format_status(status)
+    )
     return ExitCode.ok
 
 
@@ -140,18 +199,22 @@ def cmd_select(args: argparse.Namespace) -> int:
 
 def cmd_data(args: argparse.Namespace) -> int:
     """`edgetrain data fetch|status`."""
-    from .data_fetch import fetch, status
+    from .data_fetch import FETCHERS, fetch, status
+    from .progress import activity
 
     data_dir = settings_from(args).data_dir
     if args.data_command == "status":
         result = status(data_dir)
         print_json(result) if args.json else print(format_data_status(result))
         return ExitCode.ok
-    try:
-        fetched = fetch(args.names or None, data_dir)
-    except ValueError as exc:
-        print(exc, file=sys.stderr)
+    unknown = sorted(set(args.names) - set(FETCHERS))
+    if unknown:
+        print(f"edgetrain data fetch: cannot fetch {unknown}; fetchable datasets: {list(FETCHERS)}", file=sys.stderr)
         return ExitCode.usage
+    fetched: dict[str, dict[str, str | float]] = {}
+    for name in args.names or FETCHERS:
+        with activity(f"fetching {name} into {data_dir}"):
+            fetched |= fetch([name], data_dir)
     print_json(fetched) if args.json else print(format_data_fetch(fetched))
     return ExitCode.ok if all(r["status"] != "failed" for r in fetched.values()) else ExitCode.failed
 
@@ -190,6 +253,7 @@ def cmd_redis_acl(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `edgetrain` argument parser with every subcommand."""
+    from edgetrain.common.jobs import JobState
     from edgetrain.common.keys import DEFAULT_PREFIX
 
     parser = argparse.ArgumentParser(prog="edgetrain", description=__doc__, parents=[connection_options()])
@@ -203,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("worker", help="run a worker process", parents=conn)
     p.add_argument("role", choices=["server", "device", "control"])
-    p.add_argument("--device-id")
+    p.add_argument("--device-id", type=device_id)
     p.add_argument("--backend", help="device backend: sim:<twin>, jetson or nvml")
     p.add_argument("--sysfs-root", type=Path, help="root of the Jetson sysfs tree (default /)")
     p.add_argument("--allow-clock-control", action="store_true", help="nvml: allow locking GPU clocks")
@@ -234,9 +298,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("select", help="select (batch size, frequency) from a profile and a vector")
     p.add_argument("--profile", required=True, help="PROFILE.json")
     p.add_argument("--vector", required=True, help="VECTOR.json")
-    p.add_argument("--power-cap-w", type=float, help="board power cap (W); omit for none")
+    p.add_argument("--power-cap-w", type=power_cap, help="board power cap (W); omit for none")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_select)
+
+    p = sub.add_parser("jobs", help="list the newest jobs", parents=conn)
+    p.add_argument("--state", choices=[s.value for s in JobState], help="only jobs in this state")
+    p.add_argument("--limit", type=int, default=100, help="how many of the newest jobs (default 100)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser("cancel", help="cancel a job: running fine-tunes stop at their next step", parents=conn)
+    p.add_argument("job_id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("requeue", help="plan a failed or cancelled part of a job again", parents=conn)
+    p.add_argument("job_id")
+    p.add_argument("device_id", type=device_id)
+    p.set_defaults(func=cmd_requeue)
+
+    p = sub.add_parser("vector", help="show a relation vector (the JSON `edgetrain select --vector` reads)")
+    vector_sub = p.add_subparsers(dest="vector_command", required=True)
+    p = vector_sub.add_parser("show", help="a stored relation vector, by key or by the job that uses it", parents=conn)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("key", nargs="?", help="the vector's key (events name it)")
+    which.add_argument("--job", help="the job whose vector to show")
+    p.add_argument("--json", action="store_true", help="the interchange JSON")
+    p.set_defaults(func=cmd_vector_show)
 
     add_profile_commands(sub, conn)
     add_evaluate_command(sub, conn)
@@ -268,9 +357,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the `edgetrain` command; returns its exit status."""
+    """Run the `edgetrain` command; returns its exit status (ExitCode). Errors a user can cause
+    print one line on stderr saying what to do."""
+    import redis
+
     from edgetrain.common.devices.base import DeviceError
-    from edgetrain.common.store import DeviceIdTaken
+    from edgetrain.common.store import DeviceIdTaken, JobNotFoundError
 
     args = build_parser().parse_args(argv)
     try:
@@ -278,8 +370,19 @@ def main(argv: list[str] | None = None) -> int:
     except (DeviceError, DeviceIdTaken) as exc:
         print(f"edgetrain: {exc}", file=sys.stderr)
         return ExitCode.usage
+    except JobNotFoundError as exc:
+        print(f"edgetrain: {exc.args[0]}; `edgetrain jobs` lists the jobs", file=sys.stderr)
+        return ExitCode.not_found
+    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError, redis.ResponseError) as exc:
+        url = redacted(getattr(args, "redis_url", None) or get_settings().redis_url)
+        print(f"edgetrain: cannot use Redis at {url}: {exc}. Is it running, and is that its address? "
+              "Set EDGETRAIN_REDIS_URL (or --redis-url) to the cluster's Redis", file=sys.stderr)  # fmt: skip
+        return ExitCode.unreachable
+    except BrokenPipeError:  # the reader of our output went away (`| head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return ExitCode.broken_pipe
     except KeyboardInterrupt:
-        print("interrupted; workers were shut down", file=sys.stderr)
+        print("interrupted", file=sys.stderr)
         return ExitCode.interrupted
 
 

@@ -96,6 +96,7 @@ class LocalCluster:
     workdir: Path
     devices: dict[str, str] = field(default_factory=dict)  # device id -> backend
     server_workers: int = 1
+    control_concurrency: int = 1  # pool processes of the control worker
     redis_url: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     persistent_redis: bool = False  # the embedded Redis keeps its data in workdir/redis across runs
@@ -119,7 +120,8 @@ class LocalCluster:
             self._redis = EmbeddedRedis(self.workdir / "redis", persistent=self.persistent_redis)
             self.redis_url = self._redis.url
         logs = self.workdir / "logs"
-        self.workers = [WorkerProcess("control", ["worker", "control"], logs / "control.log")]
+        control = ["worker", "control", "--concurrency", str(self.control_concurrency)]
+        self.workers = [WorkerProcess("control", control, logs / "control.log")]
         self.workers += [
             WorkerProcess(f"server-{i}", ["worker", "server", "--name", f"server-{i}"], logs / f"server-{i}.log")
             for i in range(self.server_workers)

@@ -3,34 +3,40 @@
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from edgetrain.common.jobs import JobState
 from edgetrain.common.presets import QUICK_JOB
-from edgetrain.common.settings import get_settings
 from edgetrain.tasks.client import EdgeTrainClient
 
 from .cluster import LocalCluster
-from .output import ProgressPrinter, format_report, note
+from .output import format_report, note
+from .progress import JobProgress, activity
 
 DEMO_DEVICES = {"nano-1": "sim:jetson-nano", "tx2nx-1": "sim:jetson-tx2-nx"}
 
 
 def run_demo(as_json: bool, report_path: Path) -> int:
-    """Run the quick job on a local cluster of two simulated Jetsons; print and save the report."""
-    url = get_settings().redis_url if "EDGETRAIN_REDIS_URL" in os.environ else None
+    """Run the quick job on a local cluster of two simulated Jetsons (always its own embedded
+    Redis, never a fleet's); print and save the report."""
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="edgetrain-demo-") as tmp:
-        note(f"starting Redis ({'configured' if url else 'embedded'}) and 4 worker processes ...")
-        with LocalCluster(Path(tmp), devices=dict(DEMO_DEVICES), redis_url=url) as cluster:
-            client = EdgeTrainClient(cluster.url)
-            job_id = client.submit(QUICK_JOB)
-            note(f"submitted job {job_id}")
-            client.wait(job_id, timeout_s=600, on_update=ProgressPrinter())
-            report = client.report(job_id)
+    with tempfile.TemporaryDirectory(prefix="edgetrain-demo-") as tmp, ExitStack() as stack:
+        with activity("starting an embedded Redis and 4 worker processes (control, server, two simulated Jetsons)"):
+            cluster = stack.enter_context(LocalCluster(Path(tmp), devices=dict(DEMO_DEVICES)))
+        client = EdgeTrainClient(cluster.url)
+        job_id = client.submit(QUICK_JOB)
+        note(f"submitted job {job_id}")
+        progress = JobProgress()
+        try:
+            client.wait(job_id, timeout_s=600, on_update=progress)
+        finally:
+            progress.close()
+        report = client.report(job_id)
+        with activity("stopping the workers and Redis"):
+            stack.close()
     wall_s = time.perf_counter() - started
     document = report.model_dump(mode="json") | {"wall_s": wall_s}
     report_path.write_text(json.dumps(document, indent=2))
@@ -38,5 +44,6 @@ def run_demo(as_json: bool, report_path: Path) -> int:
         print(json.dumps(document, indent=2))
     else:
         print(format_report(report))
-        print(f"\nfull report: {report_path}  (wall time {wall_s:.0f} s)")
+        print(f"\nwall time of the whole demo {wall_s:.0f} s (the device times above are the twins' clocks); "
+              f"full report: {report_path}")  # fmt: skip
     return 0 if report.state == JobState.completed else 1

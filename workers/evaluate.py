@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from .cli_args import ExitCode, settings_from
+from .cli_args import ExitCode, redacted, settings_from
 from .output import note
 
 if TYPE_CHECKING:
@@ -82,10 +82,10 @@ def local_problems(specs: list[EvaluationSpec]) -> list[str]:
         if spec.pretrain is not None:
             refs["pretrain.dataset"] = spec.pretrain.dataset
         for where, ref in refs.items():
-            if ref.name in SOURCES or ref.path:
+            if ref.name in SOURCES and ref.path is None:  # user data (a path) is checked by the workers that read it
                 try:
-                    locate(ref.name, ref.path)
-                except (DatasetMissingError, OSError, ValueError) as exc:
+                    locate(ref.name)
+                except DatasetMissingError as exc:
                     problems.append(f"{where}: {exc}")
     return list(dict.fromkeys(problems))
 
@@ -165,7 +165,7 @@ def _on_cluster(specs: list[EvaluationSpec], args: argparse.Namespace) -> list[t
     settings = settings_from(args)
     client = EdgeTrainClient(settings.redis_url, settings.key_prefix)
     devices = [fleet_devices(client, spec) for spec in specs]
-    note(f"running on the cluster's workers at {settings.redis_url.split('@')[-1]}")
+    note(f"running on the cluster's workers at {redacted(settings.redis_url)}")
     return _run_all(client, specs, devices, args)
 
 

@@ -16,13 +16,15 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from .progress import stderr_console
+
 
 class EvaluationProgress:
     """Use as `with EvaluationProgress() as progress:`; `add` a line per thing waited for,
     `update` it, `finish` it with what came of it."""
 
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(stderr=True)
+        self.console = console or stderr_console()
         self._progress = Progress(
             SpinnerColumn(finished_text="-"), TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
             console=self.console, transient=False, redirect_stdout=False, redirect_stderr=False,

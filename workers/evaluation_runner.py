@@ -43,6 +43,7 @@ from edgetrain.common.tables import missing_batch_sizes, reuse_problem, rows_of
 from edgetrain.tasks.client import EdgeTrainClient, Pending, ResourceFailed
 
 from .evaluation_progress import EvaluationProgress
+from .progress import part_line
 
 POLL_S = 0.5
 
@@ -250,12 +251,7 @@ class _Evaluation:
 
     def job_progress(self, what: str, job_id: str, info: DeviceInfo) -> Callable[[], str]:
         def describe() -> str:
-            status = self.client.status(job_id)
-            progress = status.progress.get(info.device_id)
-            state = status.parts[info.device_id].state.value
-            if progress is None:
-                return f"{what}: {state}"
-            return f"{what}: {state}, {progress.samples} samples, accuracy {progress.accuracy:.3f} (target {progress.target_accuracy:g})"
+            return f"{what}: {part_line(self.client.status(job_id), info.device_id)}"
 
         return describe
 

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from typing import Any
 
 from pydantic import BaseModel
 
-from edgetrain.common.jobs import JobStatus, PartState
+from edgetrain.common.control_axis import ControlAxis
+from edgetrain.common.jobs import JobStatus, JobSummary, PartState
 from edgetrain.common.keys import table_id
-from edgetrain.common.reports import JobReport
-from edgetrain.common.schemas import DeviceInfo, ProfileTable, Selection
+from edgetrain.common.reports import DeviceReport, JobReport
+from edgetrain.common.schemas import DeviceInfo, ProfileTable, RelationVector, Selection
+
+from .progress import part_line
 
 SIMULATED_NOTE = " (SIMULATED device: time, power and energy come from its twin)"
 
@@ -39,66 +41,72 @@ def _fmt(value: float | None, unit: str) -> str:
     return "-" if value is None else f"{value:.3g} {unit}"
 
 
-def _choice(label: str, choice: Selection, estimate_s: float | None) -> str:
+def _choice(label: str, choice: Selection, estimate_s: float | None, control: ControlAxis) -> str:
     return (
-        f"  {label}: b={choice.batch_size:<4} f={choice.frequency_hz / 1e6:7.1f} MHz  "
+        f"  {label}: b={choice.batch_size:<4} {control.describe(choice.frequency_hz):>12}  "
         f"estimated time to accuracy {_fmt(estimate_s, 's')}"
     )
 
 
+def _achieved(d: DeviceReport) -> list[str]:
+    run = d.achieved
+    assert run is not None
+    clock = "the twin's clock" if run.simulated else "measured on the device"
+    over = f" ABOVE the {d.power_cap_w} W cap" if d.over_cap else ""
+    lines = [
+        f"  achieved  : accuracy {run.final_accuracy:.3f} ({'reached' if run.reached else 'NOT reached'}) "
+        f"after {run.samples_processed} samples",
+        f"              device time {_fmt(run.device_time_s, 's')} ({clock}), energy {_fmt(run.energy_j, 'J')}, "
+        f"peak power {_fmt(run.peak_power_w, 'W')}{over}; wall time on the worker {run.wall_s:.0f} s",
+    ]
+    if run.attempts > 1:
+        lines.append(f"              {run.attempts} attempts: the lost ones cost {_fmt(run.lost_device_time_s, 's')} "
+                     f"and {_fmt(run.lost_energy_j, 'J')} more")  # fmt: skip
+    return lines
+
+
 def format_report(report: JobReport) -> str:
-    """A job's result per device; simulated figures are labelled."""
+    """A job's result per device; simulated figures are labelled, device time (the device's
+    or the twin's clock) apart from the wall time the worker took."""
     lines = [f"job {report.job_id}: {report.state.value}"]
     for d in report.devices:
         cap = "none" if d.power_cap_w is None else f"{d.power_cap_w} W"
         lines.append(f"\n{d.device_id} [{d.device_type or '?'}] power cap {cap}{SIMULATED_NOTE if d.simulated else ''}")
-        if d.state == PartState.failed:
-            lines.append(f"  failed: {d.reason}")
+        if d.state in (PartState.failed, PartState.cancelled):
+            lines.append(f"  {d.state.value}: {d.reason}")
             continue
         if d.selection is None:
             lines.append(f"  {d.state.value}")
             continue
-        lines.append(_choice("edgetrain ", d.selection, d.estimated_time_to_accuracy_s))
+        control = d.control or ControlAxis.GPU_CLOCK_HZ
+        lines.append(_choice("edgetrain ", d.selection, d.estimated_time_to_accuracy_s, control))
         if d.baseline1:
             speedup = d.estimated_speedup_vs_baseline1
             lines.append(
-                _choice("baseline 1", d.baseline1, d.baseline1_estimated_time_to_accuracy_s)
+                _choice("baseline 1", d.baseline1, d.baseline1_estimated_time_to_accuracy_s, control)
                 + (f"  (estimated speed-up {speedup:.2f}x)" if speedup else "")
             )
-        if run := d.achieved:
-            lines.append(
-                f"  achieved  : accuracy {run.final_accuracy:.3f} ({'reached' if run.reached else 'NOT reached'}) "
-                f"after {run.samples_processed} samples; time to accuracy {_fmt(run.device_time_s, 's')}, "
-                f"energy {_fmt(run.energy_j, 'J')}, peak power {_fmt(run.peak_power_w, 'W')}"
-            )
+        if d.achieved:
+            lines += _achieved(d)
     return "\n".join(lines)
 
 
 def format_status(status: JobStatus) -> str:
-    """A job's report, then its progress and event log."""
+    """A job's report, then what each device does now, notes on stalled queues, the events."""
     lines = [format_report(JobReport.from_status(status))]
-    for device_id, p in status.progress.items():
-        lines.append(f"progress {device_id}: samples {p.samples}, accuracy {p.accuracy:.3f} (target {p.target_accuracy})")
+    if not status.finished:
+        lines += ["", "now:"] + [f"  {d}: {part_line(status, d)}" for d in status.parts]
+    lines += [f"note: {n}" for n in status.notes]
     lines.append("events:\n  " + "\n  ".join(e.line() for e in status.events))
     return "\n".join(lines)
 
 
-class ProgressPrinter:
-    """Prints a line to stderr whenever a device's state or accuracy changes."""
-
-    def __init__(self) -> None:
-        self.seen: dict[str, str] = {}
-
-    def __call__(self, status: JobStatus) -> None:
-        """Print what changed since the last status."""
-        for device_id, part in status.parts.items():
-            progress = status.progress.get(device_id)
-            line = part.state.value
-            if progress and part.state in (PartState.finetuning, PartState.completed):
-                line += f"  samples {progress.samples}  accuracy {progress.accuracy:.3f}"
-            if self.seen.get(device_id) != line:
-                self.seen[device_id] = line
-                note(f"[{time.strftime('%H:%M:%S')}] {device_id}: {line}")
+def format_jobs(jobs: list[JobSummary]) -> str:
+    """One line per job, newest first."""
+    if not jobs:
+        return "no jobs"
+    return "\n".join(f"{j.job_id}  {j.state.value:<10} {j.model:<18} {j.devices:>4} device(s)  submitted {j.created_at:%Y-%m-%d %H:%M:%S}"
+                     for j in jobs)  # fmt: skip
 
 
 def format_fleet(devices: list[DeviceInfo]) -> str:
@@ -150,6 +158,17 @@ def format_table(table: ProfileTable) -> str:
         for b, row in zip(table.batch_sizes, values):
             cells = "".join(f"{'-' if v is None else format(v, fmt):>9}" for v in row)
             lines.append(f"{b:>9}{cells}" + ("  does not fit in memory" if limit is not None and b > limit else ""))
+    return "\n".join(lines)
+
+
+def format_vector(vector: RelationVector) -> str:
+    """A relation vector as a table: N_b (mean ± std over seeds) and r_b per batch size."""
+    lines = [f"relation vector {vector.key or '?'} (N_b resolution {vector.resolution_samples} samples)",
+             f"{'b':>6} {'N_b (samples)':>20} {'r_b':>8}"]  # fmt: skip
+    for b in vector.batch_sizes:
+        mean, std, ratio = vector.samples_for(b), vector.samples_std_for(b), vector.ratio(b)
+        n_b = "censored" if mean is None else f"{mean:.0f} ± {std or 0:.0f}"
+        lines.append(f"{b:>6} {n_b:>20} {'-' if ratio is None else f'{ratio:.3f}':>8}")
     return "\n".join(lines)
 
 

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .cli_args import ExitCode, settings_from
+from .cli_args import ExitCode, device_id, power_cap, settings_from
 from .output import describe_table, format_table, note
+from .progress import activity
 
 if TYPE_CHECKING:
     from edgetrain.common.schemas import DeviceInfo, ProfileTable, ProfilingOptions
@@ -73,7 +74,8 @@ def _profile_and_wait(settings: Settings, info: DeviceInfo, tid: str, args: argp
     else:
         note(f"{tid} is being profiled already (claim {pending.resource!r} is held): waiting for it up to {args.timeout:g} s")
     try:
-        table = pending.wait(args.timeout, POLL_S)
+        with activity(f"waiting for {tid} from {info.device_id}"):
+            table = pending.wait(args.timeout, POLL_S)
     except ResourceFailed as exc:
         print(f"profiling failed: {exc}", file=sys.stderr)
         return ExitCode.failed
@@ -146,7 +148,7 @@ def cmd_profile_show(args: argparse.Namespace) -> int:
         stored = [table_id(t.device_type or "?", t.model or "?", t.input_shape or []) for t in s.resources.tables()]
         print(f"no table {tid!r} in Redis (stored: {stored}); make one with "
               f"`edgetrain profile run --device-id ID --model {entry.name}`", file=sys.stderr)  # fmt: skip
-        return ExitCode.usage
+        return ExitCode.not_found
     cap = args.power_cap_w if args.power_cap_w is not None else table.power_cap_w
     if args.plot:
         plot_profile(table, args.plot, cap, vector)
@@ -166,9 +168,9 @@ def add_profile_commands(subparsers: argparse._SubParsersAction, parents: list[a
     sub = parser.add_subparsers(dest="profile_command", required=True)
 
     p = sub.add_parser("run", help="profile a model on a registered device and store T[b][f], P[b][f]", parents=parents)
-    p.add_argument("--device-id", required=True, help="a device registered in the fleet (edgetrain fleet)")
+    p.add_argument("--device-id", type=device_id, required=True, help="a device registered in the fleet (edgetrain fleet)")
     p.add_argument("--model", required=True, help="registered model name or package.module:factory")
-    p.add_argument("--power-cap-w", type=float, help="board power cap (W): staircase profiling for this cap")
+    p.add_argument("--power-cap-w", type=power_cap, help="board power cap (W): staircase profiling for this cap")
     p.add_argument("--grid", action="store_true", help="measure the full grid even with a power cap")
     p.add_argument("--force", action="store_true", help="profile again even when a current table exists")
     p.add_argument("--batch-sizes", type=_batch_sizes, help="comma-separated, e.g. 4,8,16 (default 4..128)")
@@ -181,6 +183,6 @@ def add_profile_commands(subparsers: argparse._SubParsersAction, parents: list[a
     p.add_argument("model", help="model name; its input shape completes the table id")
     p.add_argument("--json", action="store_true", help="print the table as JSON (what `edgetrain select --profile` reads)")
     p.add_argument("--plot", type=Path, help="write heatmaps of the table to this PNG")
-    p.add_argument("--power-cap-w", type=float, help="cap for the boundary and the selection (default: the table's)")
+    p.add_argument("--power-cap-w", type=power_cap, help="cap for the boundary and the selection (default: the table's)")
     p.add_argument("--vector", help="relation vector JSON for the selection (default: r_b = 1 for all b)")
     p.set_defaults(func=cmd_profile_show)

@@ -4,7 +4,8 @@
   `edgetrain profile`): every key and channel, no administration command (CONFIG, ACL,
   SHUTDOWN, FLUSHALL, DEBUG, MODULE, KEYS, ...).
 - `submitter`: the client (`edgetrain submit`, `status`, `fleet`, `EdgeTrainClient`): writes
-  job records and pushes onto the `control` and `server` queues only (it cannot read or take
+  job records (and which jobs wait on which device), reads the worker registry, and pushes
+  onto the `control` and `server` queues only (it cannot read or take
   tasks from them, nor push onto a device's queue), reads the fleet, vectors, tables, failures,
   pre-trained weights and task results.
 - `monitor`: Flower and dashboards: reads every key and follows the Celery events; it cannot
@@ -35,7 +36,8 @@ def role_rules(prefix: str = DEFAULT_PREFIX) -> dict[str, str]:
     return {
         "worker": f"~* &* {commands}",
         "submitter": " ".join([
-            f"~{p}:job:* ~{p}:jobs %R~{p}:fleet:* %R~{p}:vector:* %R~{p}:table:* %R~{p}:failed:* %R~{p}:pretrained:*",
+            f"~{p}:job:* ~{p}:jobs ~{p}:fleet:jobs:* %R~{p}:fleet:* %R~{p}:vector:* %R~{p}:table:* %R~{p}:failed:*",
+            f"%R~{p}:worker* %R~{p}:pretrained:*",
             "%R~control* %W~control %R~server* %W~server ~_kombu.binding*.control ~_kombu.binding*.server",
             "%R~celery-task-meta-* &celery-task-meta-* &/*.celeryev/*",
             commands,

@@ -82,6 +82,10 @@ class Coordination:
         """True the first time `name` is asked for (within `ttl_s` s), False after."""
         return bool(self._redis.set(self._keys.once(name), "1", nx=True, ex=int(ttl_s)))
 
+    def forget(self, name: str) -> None:
+        """Let the action `name` (see `once`) happen again."""
+        self._redis.delete(self._keys.once(name))
+
     def fail(self, resource: str, reason: str, jobs: list[str]) -> None:
         """Record why `resource` could not be produced for `jobs` (those waiting on this
         attempt), and free its claim. Jobs that come later try again."""

@@ -16,6 +16,7 @@ from ..jobs import (
     JobEvent,
     JobRecord,
     JobStatus,
+    JobSummary,
     PartState,
     job_state,
 )
@@ -158,4 +159,65 @@ class JobStore:
             progress={d: FinetuneProgress.model_validate_json(raw) for d, raw in zip(ids, raw_progress) if raw},
             created_at=record.created_at,
             events=[JobEvent.model_validate_json(raw) for raw in raw_events],
+            cancelled_at=record.cancelled_at,
         )
+
+    def summaries(self, limit: int = 100) -> list[JobSummary]:
+        """The newest `limit` jobs, newest first, with their state (two round trips)."""
+        ids = texts(self._redis.zrevrange(self._keys.jobs(), 0, limit - 1))
+        records = [JobRecord.model_validate_json(raw) for raw in self._redis.mget([self._keys.job(j) for j in ids]) if raw] if ids else []
+        with self._redis.pipeline(transaction=False) as p:
+            for record in records:
+                p.mget([self._keys.part(record.job_id, d.device_id) for d in record.spec.devices])
+            all_parts = p.execute()
+        return [
+            JobSummary(
+                job_id=record.job_id,
+                state=job_state([DevicePart.model_validate_json(raw) for raw in raws if raw]),
+                model=record.spec.model,
+                devices=len(record.spec.devices),
+                created_at=record.created_at,
+            )
+            for record, raws in zip(records, all_parts)
+        ]
+
+    def requeue(self, job_id: str, device_id: str, state: PartState) -> DevicePart | None:
+        """Put a part that ended in `state` back to pending, to be planned again."""
+        changes = {
+            "state": PartState.pending, "reason": None, "waiting": None, "selection": None, "baseline1": None,
+            "estimated_time_to_accuracy_s": None, "baseline1_estimated_time_to_accuracy_s": None, "report": None,
+        }  # fmt: skip
+        part = self.update_part(job_id, device_id, changes, state)
+        if part is not None:
+            self._redis.sadd(self._keys.device_jobs(device_id), job_id)
+            self.event(job_id, EventKind.requeued, "re-queued", device_id)
+        return part
+
+    def cancelled(self, job_id: str) -> bool:
+        """Whether cancelling the job was asked for."""
+        record = self.record(job_id)
+        return record is not None and record.cancelled_at is not None
+
+    def cancel(self, job_id: str) -> JobRecord:
+        """Ask for the job to stop: nothing more of it is dispatched, running fine-tunes stop
+        at their next step. Returns the record (unchanged when it was cancelled already)."""
+        key = self._keys.job(job_id)
+        with self._redis.pipeline() as p:
+            while True:
+                try:
+                    p.watch(key)
+                    raw = p.get(key)
+                    if raw is None:
+                        raise JobNotFoundError(f"no job {job_id!r}")
+                    record = JobRecord.model_validate_json(raw)
+                    if record.cancelled_at is not None:
+                        p.unwatch()
+                        return record
+                    record = record.model_copy(update={"cancelled_at": utc_now()})
+                    p.multi()
+                    p.set(key, record.model_dump_json())
+                    p.rpush(self._keys.events(job_id), JobEvent(kind=EventKind.cancelled, message="cancel requested").model_dump_json())
+                    p.execute()
+                    return record
+                except redis.WatchError:
+                    continue

@@ -184,16 +184,10 @@ def test_a_model_that_kills_its_process_fails_the_part_and_the_worker_lives_on(t
 
 
 def test_a_planning_error_fails_the_part_with_its_reason(tmp_path) -> None:
-    client_only = tmp_path / "client-only"
-    client_only.mkdir()
-    _module(client_only, "clientside", "def factory(num_classes, input_shape):\n    raise SystemExit\n")
-    with LocalCluster(tmp_path / "cluster", devices={"nano-p": "sim:jetson-nano"}) as cluster:
-        sys.path.insert(0, str(client_only))
-        try:
-            client = EdgeTrainClient(cluster.redis_url)
-            job_id = client.submit(quick_job([{"device_id": "nano-p", "power_cap_w": 3.0}], model="clientside:factory"))
-        finally:
-            sys.path.remove(str(client_only))
+    env = {"EDGETRAIN_ALLOWED_MODEL_MODULES": "clientside"}  # allowed, but not installed on the workers
+    with LocalCluster(tmp_path / "cluster", devices={"nano-p": "sim:jetson-nano"}, env=env) as cluster:
+        client = EdgeTrainClient(cluster.redis_url)
+        job_id = client.submit(quick_job([{"device_id": "nano-p", "power_cap_w": 3.0}], model="clientside:factory"))
         status = client.wait(job_id, timeout_s=60)
         part = status.parts["nano-p"]
         assert part.state == PartState.failed and part.reason.startswith("planning failed:") and "clientside" in part.reason
@@ -207,7 +201,7 @@ def test_a_failure_is_not_reused_by_a_later_job_once_the_cause_is_fixed(tmp_path
     env = {"EDGETRAIN_DATA_DIR": str(data)}
     with LocalCluster(tmp_path / "cluster", devices={"nano-f": "sim:jetson-nano"}, env=env) as cluster:
         client = EdgeTrainClient(cluster.redis_url)
-        spec = quick_job([{"device_id": "nano-f", "power_cap_w": 3.0}], proxy_dataset={"name": "npz", "path": str(proxy)})
+        spec = quick_job([{"device_id": "nano-f", "power_cap_w": 3.0}], proxy_dataset={"name": "npz", "path": proxy.name})
         first = client.wait(client.submit(spec), timeout_s=300)
         assert first.state.value == "failed" and "relation vector estimation failed" in first.parts["nano-f"].reason
         import numpy as np

@@ -76,7 +76,7 @@ class Fleet:
         spec = JobSpec.model_validate(quick_job([{"device_id": device_id, "power_cap_w": 5.0}]))
         self.store.jobs.create(job_id, spec)
         part = self.store.jobs.part(job_id, device_id)
-        self.store.jobs.put_part(job_id, part.model_copy(update={"state": PartState.finetuning}))
+        self.store.jobs.update_part(job_id, part.device_id, {"state": PartState.finetuning})
         return job_id
 
     def finetune_payload(self, job_id: str, device_id: str = DEVICE, **changes: object) -> dict:

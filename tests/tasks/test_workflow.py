@@ -8,7 +8,7 @@ import redis
 
 from edgetrain.common.jobs import EventKind, PartState
 from edgetrain.common.keys import table_id, table_resource, vector_key, vector_resource
-from edgetrain.common.payloads import FinetuneRequest, ProfileRequest
+from edgetrain.common.payloads import FinetuneRequest, JobPage, ProfileRequest
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, EstimationRequest, JobSpec, RelationVector
 from edgetrain.common.settings import Settings
@@ -16,7 +16,7 @@ from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.common.testing.tables import B, F, brute_force, random_monotone_table
 from edgetrain.tasks import context
 from edgetrain.tasks.contract import SERVER_QUEUE, TaskName, device_queue
-from edgetrain.tasks.workflow import advance_job, fail_resource
+from edgetrain.tasks.workflow import advance_job, advance_page, fail_resource
 
 SHAPE = [1, 28, 28]
 TID = table_id("twin", "smallcnn", SHAPE)
@@ -143,3 +143,17 @@ def test_an_old_failure_is_ignored_while_the_resource_exists(s, broker) -> None:
     s.coordination.fail(vector_resource(vector.key), "an old failure", ["j1"])  # ignored: the vector exists
     advance_job("j1")
     assert s.jobs.part("j1", "d1").state == PartState.finetuning
+
+
+def test_a_big_job_is_advanced_in_pages(s, broker) -> None:
+    for i in range(120):
+        register(s, f"d{i:03d}")
+    submit(s, "big", [{"device_id": f"d{i:03d}", "power_cap_w": 5.0} for i in range(120)])
+    assert advance_job("big") == "paged"
+    pages = queued_tasks(broker, "control")
+    assert [t.name for t in pages] == [TaskName.advance_page.value] * 3
+    assert [JobPage.model_validate(t.payload).page for t in pages] == [0, 1, 2]
+    assert advance_page(JobPage(job_id="big", page=2)) == "running"
+    states = {d: p.state for d, p in s.jobs.status("big").parts.items()}
+    assert all(states[f"d{i:03d}"] == PartState.profiling for i in range(100, 120))  # page 2 only: devices 100..119
+    assert all(states[f"d{i:03d}"] == PartState.pending for i in range(100))

@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 
+from edgetrain.common.presets import quick_job
 from edgetrain.tasks.client import EdgeTrainClient
 from edgetrain.workers.cluster import LocalCluster
 
@@ -53,9 +54,20 @@ def test_flower_shows_workers_queues_and_tasks(tmp) -> None:
                  "batch_sizes": [64], "seeds": [0], "lr": {}, "eval_every_samples": 256, "max_samples": 5000},
                 timeout_s=120,
             )  # fmt: skip
-            tasks = get_json(f"{base}/tasks", until=lambda d: any(t["name"] == "edgetrain.train_proxy" for t in d.values()))
-            done = [t for t in tasks.values() if t["name"] == "edgetrain.train_proxy"]
+            proxy_run = "edgetrain.train_proxy[b=64 seed=0]"  # each task shows whom it serves
+            tasks = get_json(f"{base}/tasks", until=lambda d: any(t["name"] == proxy_run for t in d.values()))
+            done = [t for t in tasks.values() if t["name"] == proxy_run]
             assert done[0]["state"] == "SUCCESS" and done[0]["worker"].startswith("server-0@")
+            client = EdgeTrainClient(cluster.redis_url)
+            long_run = {"device_id": "nano-f", "power_cap_w": 3.0, "dataset": {"name": "fashion_mnist", "fraction": 0.1}}
+            job_id = client.submit(quick_job([long_run], batch_sizes=[16, 64], target_accuracy=0.9, max_samples=12000))
+            fine_tune = f"edgetrain.finetune[{job_id}/nano-f]"
+            get_json(f"{base}/tasks", timeout_s=240,
+                     until=lambda d: any(t["name"] == fine_tune and t["state"] == "STARTED" for t in d.values()))  # fmt: skip
+            device = next(name for name in workers if name.startswith("device-nano-f@"))
+            status = get_json(f"{base}/workers?status=1&refresh=1")  # asked while the device trains
+            assert status[device] is True, status  # a busy device worker still answers: it stays online
+            client.wait(job_id, timeout_s=300)
         finally:
             flower.terminate()
             flower.wait(timeout=30)

@@ -17,7 +17,7 @@ from edgetrain.common.profiling import profile
 from edgetrain.common.schemas import DeviceInfo, LearningRatePolicy, ProfileTable, ProfilingOptions, RelationVector
 from edgetrain.common.settings import get_settings
 from edgetrain.workers.cli import main as edgetrain_main
-from edgetrain.workers.cli_args import connection_options
+from edgetrain.workers.cli_args import ExitCode, connection_options
 from edgetrain.workers.cluster import LocalCluster
 from edgetrain.workers.profile_cli import add_profile_commands
 
@@ -78,7 +78,7 @@ def test_show_prints_grids_and_plots(store, redis_server, staircase_table, tmp, 
 
 def test_show_unknown_table_names_the_stored_ones(store, redis_server, staircase_table, capsys) -> None:
     store.resources.put_table(staircase_table)
-    assert cli(redis_server.url, "profile", "show", "jetson-tx2-nx", "smallcnn") == 2
+    assert cli(redis_server.url, "profile", "show", "jetson-tx2-nx", "smallcnn") == ExitCode.not_found
     err = capsys.readouterr().err
     assert "no table 'jetson-tx2-nx:smallcnn:1x28x28'" in err and TID in err
 
