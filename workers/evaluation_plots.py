@@ -155,7 +155,7 @@ def plot_sensitivity(matrices: list[SensitivityMatrix], path: str | Path, title:
         ax.set_visible(False)
     fig.colorbar(images[0], ax=list(axes[: len(matrices)]), label="% time to accuracy over the oracle", shrink=0.8, extend="max")
     simulated = any(m.simulated for m in matrices)
-    fig.suptitle(f"{title or 'proxy sensitivity'}: % more time to the target than the oracle (grey: not reached)"
+    fig.suptitle(f"{title or 'proxy sensitivity'}\n% more time to the target than the oracle (grey: not reached)"
                  f"{_simulated_suffix(simulated)}", fontsize=12)  # fmt: skip
     fig.savefig(path, dpi=DPI)
 
