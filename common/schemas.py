@@ -352,6 +352,7 @@ class Selection(Strict):
     frequency_hz: int
     estimated_time_s: float = Field(description="T[b][f] * r_b (s): the objective of eq. (4)")
     peak_power_w: float | None = Field(description="the table's peak power at (b, f) (W); None: not measured there")
+    note: str | None = Field(None, description="why the strategy decided as it did, when that is not the plain estimate")
 
 
 class RunReport(Strict):

@@ -3,9 +3,12 @@
 A strategy chooses one configuration from a lookup table (T[b][f] in s for N_s samples,
 peak P[b][f] in W) for a cap (W, None = no cap). The methods of docs/method.md:
 
-- `Equation4` (edgetrain): C = {(b, f*_b) : b in B, b <= b_mem, f*_b = max{f : P[b][f] <= cap}},
+- `Equation4`: C = {(b, f*_b) : b in B, b <= b_mem, f*_b = max{f : P[b][f] <= cap}},
   select argmin over C of T[b][f*_b] * r_b. Peak power grows with frequency, so f*_b is a
   binary search over the sorted frequencies of each row: O(|B| log |F|).
+- `Robust` (edgetrain's default): equation (4)'s choice where its predicted gain over the
+  largest batch exceeds the uncertainty of the proxy's r_b, else the largest batch at its f*,
+  so a poor proxy does not make it much slower than Baseline 1.
 - `Oracle`: equation (4) with r_b measured on the target data instead of the proxy.
 - `Baseline1` (state of practice): the largest batch that fits in memory, at the highest
   frequency whose model-agnostic full-load power stays under the cap.
@@ -115,41 +118,88 @@ class Strategy(ABC):
         """The configuration, or SelectionError (InfeasibleCapError for a cap too low) why none."""
 
 
+def feasible_set(strategy: str, table: ProfileTable, vector: RelationVector, power_cap_w: float | None) -> list[Selection]:
+    """C of equation (4): per allowed batch size, its highest frequency under the cap, with
+    T[b][f*_b] * r_b as the estimate. SelectionError (InfeasibleCapError for a cap too low)
+    when C is empty."""
+    candidates = allowed_batch_sizes(table, vector)
+    if not candidates:
+        raise SelectionError(
+            "no batch size is both in the lookup table (within its memory limit "
+            f"b_mem={table.max_batch_size}) and in the relation vector with a finite ratio: "
+            f"table {table.batch_sizes}, vector {vector.batch_sizes}"
+        )
+    feasible = []
+    for b in candidates:
+        i = table.batch_sizes.index(b)
+        j = highest_feasible_index(table.peak_power_w[i], power_cap_w)
+        if j is not None and table.time_s[i][j] is not None:
+            feasible.append(_selection(strategy, table, vector, i, j))
+    if not feasible:
+        if power_cap_w is None:
+            raise SelectionError(f"no configuration of batch sizes {candidates} was measured")
+        raise InfeasibleCapError(power_cap_w, lowest_feasible_cap_w(table, vector))
+    return feasible
+
+
 @dataclass(frozen=True)
 class Equation4(Strategy):
     """Equation (4): argmin over C of T[b][f*_b] * r_b, with the proxy's relation vector."""
 
     vector: RelationVector
-    name: ClassVar[str] = "edgetrain"
+    name: ClassVar[str] = "equation4"
 
     @override
     def choose(self, table: ProfileTable, power_cap_w: float | None) -> Selection:
-        candidates = allowed_batch_sizes(table, self.vector)
-        if not candidates:
-            raise SelectionError(
-                "no batch size is both in the lookup table (within its memory limit "
-                f"b_mem={table.max_batch_size}) and in the relation vector with a finite ratio: "
-                f"table {table.batch_sizes}, vector {self.vector.batch_sizes}"
-            )
-        best: Selection | None = None
-        for b in candidates:
-            i = table.batch_sizes.index(b)
-            j = highest_feasible_index(table.peak_power_w[i], power_cap_w)
-            if j is None or table.time_s[i][j] is None:
-                continue
-            choice = _selection(self.name, table, self.vector, i, j)
-            if best is None or choice.estimated_time_s < best.estimated_time_s:
-                best = choice
-        if best is None:
-            if power_cap_w is None:
-                raise SelectionError(f"no configuration of batch sizes {candidates} was measured")
-            raise InfeasibleCapError(power_cap_w, lowest_feasible_cap_w(table, self.vector))
-        return best
+        return min(feasible_set(self.name, table, self.vector, power_cap_w), key=lambda s: s.estimated_time_s)
+
+
+@dataclass(frozen=True)
+class Robust(Strategy):
+    """Edgetrain's default: equation (4)'s choice only where its predicted gain over the
+    largest batch is larger than the uncertainty of the proxy's r_b; otherwise the largest
+    batch (the reference, r = 1) at its highest frequency under the cap.
+
+    The reference is never slower than Baseline 1, which runs the same batch at a frequency
+    at most as high, so a poor proxy costs at most the gain it wrongly predicted beyond the
+    uncertainty. The relative uncertainty of r_b = N_b / N_ref combines the relative standard
+    deviations over seeds of N_b and N_ref (in quadrature), and is at least `margin` for what
+    seeds cannot show: how the proxy's data differ from the device's."""
+
+    vector: RelationVector
+    margin: float = 0.05
+    name: ClassVar[str] = "edgetrain"
+
+    def uncertainty(self, batch_size: int, reference: int) -> float:
+        """The relative uncertainty of N_b / N_reference (0 when they are the same batch)."""
+        if batch_size == reference:
+            return 0.0
+        cv = [
+            (std / mean) if (mean := self.vector.samples_for(b)) and (std := self.vector.samples_std_for(b)) else 0.0
+            for b in (batch_size, reference)
+        ]
+        return max(self.margin, math.hypot(*cv))
+
+    @override
+    def choose(self, table: ProfileTable, power_cap_w: float | None) -> Selection:
+        feasible = feasible_set(self.name, table, self.vector, power_cap_w)
+        best = min(feasible, key=lambda s: s.estimated_time_s)
+        reference = max(feasible, key=lambda s: s.batch_size)
+        if best == reference:
+            return best
+        gain = 1 - best.estimated_time_s / reference.estimated_time_s
+        noise = self.uncertainty(best.batch_size, reference.batch_size)
+        if best.estimated_time_s * (1 + noise) < reference.estimated_time_s:
+            note = f"chose b={best.batch_size}: gain {gain:.0%} over b={reference.batch_size} beyond uncertainty {noise:.0%}"
+            return best.model_copy(update={"note": note})
+        note = f"kept b={reference.batch_size}: b={best.batch_size}'s gain {gain:.0%} within uncertainty {noise:.0%}"
+        return reference.model_copy(update={"note": note})
 
 
 @dataclass(frozen=True)
 class Oracle(Equation4):
-    """Equation (4) with N_b measured on the target data: the best choice the table allows."""
+    """Equation (4) with N_b measured on the target data: the best choice the table allows
+    (no uncertainty: the target's own N_b)."""
 
     name: ClassVar[str] = "oracle"
 
