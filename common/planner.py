@@ -26,7 +26,7 @@ The decisions:
 - `Prepare`: the table (`profile`) and/or the relation vector (`estimate`) are missing, or the
   table lacks rows for some of the job's batch sizes (profiled and merged into it); the part
   waits in `state` until they are produced.
-- `FineTune`: both exist: the selection of equation (4) (or the target's fixed configuration,
+- `FineTune`: both exist: edgetrain's selection (robust equation (4); or the target's fixed configuration,
   checked against the table), Baseline 1 for comparison, and the fine-tuning request.
 - `Cancel`: the job was cancelled; a part being fine-tuned on a live device is left to its
   task, which stops at its next step.
@@ -57,8 +57,8 @@ from .schemas import (
 )
 from .selection import (
     Baseline1,
-    Equation4,
     Fixed,
+    Robust,
     SelectionError,
     Strategy,
     estimated_time_to_accuracy_s,
@@ -215,9 +215,9 @@ def _profile(view: PartView, device: DeviceInfo, missing: list[int] | None) -> P
 
 
 def _strategy(target: DeviceTarget, vector: RelationVector) -> Strategy:
-    """Equation (4), or the target's fixed configuration when it names one."""
+    """edgetrain's robust equation (4), or the target's fixed configuration when it names one."""
     fixed = target.configuration
-    return Equation4(vector) if fixed is None else Fixed(vector, fixed.batch_size, fixed.frequency_hz)
+    return Robust(vector) if fixed is None else Fixed(vector, fixed.batch_size, fixed.frequency_hz)
 
 
 def _fine_tune(view: PartView, device: DeviceInfo, table: ProfileTable, vector: RelationVector) -> Decision:

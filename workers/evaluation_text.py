@@ -1,5 +1,5 @@
 """An evaluation as text: Markdown tables in the layout of the paper's results table (one
-column per method: Baseline 1, Baseline 2, edgetrain, oracle), readable in a terminal and
+column per method: Baseline 1, Baseline 2, equation (4) alone, edgetrain, oracle), readable in a terminal and
 pasted as is into documentation. Figures from simulated devices are marked SIMULATED."""
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ from edgetrain.common.evaluation import (
     EvaluationRow,
     EvaluationRun,
     MeanStd,
+    Robustness,
     SensitivityMatrix,
     Verification,
 )
 
-HEADS = {"baseline1": "Baseline 1", "baseline2": "Baseline 2", "edgetrain": "edgetrain", "oracle": "oracle"}
+HEADS = {"baseline1": "Baseline 1", "baseline2": "Baseline 2", "equation4": "eq. (4) alone", "edgetrain": "edgetrain",
+         "oracle": "oracle"}  # fmt: skip
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -79,15 +81,32 @@ def results_tables(rows: list[EvaluationRow]) -> list[str]:
 
 
 def sensitivity_tables(matrices: list[SensitivityMatrix]) -> list[str]:
-    """Per (device type, cap): % time over the oracle of edgetrain with each proxy (rows) on
-    each target (columns), and Baseline 1's (no proxy)."""
+    """Per (device type, cap): % time over the oracle of edgetrain and of plain equation (4)
+    with each proxy (rows) on each target (columns), and Baseline 1's (no proxy)."""
     lines: list[str] = []
     for m in matrices:
         simulated = " (SIMULATED)" if m.simulated else ""
         lines += ["", f"{m.device_type}{simulated}, cap {_cap(m.power_cap_w)}: % time over the oracle (rows: proxy; columns: target)", ""]
         body = [[f"edgetrain, proxy {d}", *map(_pct, line)] for d, line in zip(m.datasets, m.edgetrain_over_oracle_pct)]
+        body += [[f"eq. (4) alone, proxy {d}", *map(_pct, line)] for d, line in zip(m.datasets, m.equation4_over_oracle_pct)]
         body.append(["Baseline 1 (no proxy)", *map(_pct, m.baseline1_over_oracle_pct)])
         lines += _table(["", *m.datasets], body)
+    return lines
+
+
+def robustness_lines(r: Robustness) -> list[str]:
+    """edgetrain and plain equation (4) against Baseline 1 over every cell of the matrices."""
+    lines = [
+        f"Against Baseline 1 over {r.cells} cells (device type, cap, proxy, target): edgetrain is at worst "
+        f"{_times(r.edgetrain_worst)} Baseline 1's time ({len(r.edgetrain_over)} cells over 1.05x), plain "
+        f"equation (4) {_times(r.equation4_worst)} ({len(r.equation4_over)} cells over 1.05x). Where equation (4) "
+        f"is faster than Baseline 1 ({r.speedup_cells} cells), edgetrain keeps at least "
+        f"{'-' if r.kept_least is None else f'{r.kept_least:.0%}'} of its speed-up "
+        f"({len(r.kept_below_90pct)} cells below 90 %).",
+    ]  # fmt: skip
+    lines += [f"- edgetrain over 1.05x: {c}" for c in r.edgetrain_over]
+    lines += [f"- equation (4) over 1.05x: {c}" for c in r.equation4_over]
+    lines += [f"- below 90 % of equation (4)'s speed-up: {c}" for c in r.kept_below_90pct]
     return lines
 
 
@@ -144,6 +163,8 @@ def format_run(run: EvaluationRun) -> str:
     ]  # fmt: skip
     lines += results_tables(run.rows)
     lines += ["", "Proxy sensitivity:"] + sensitivity_tables(run.sensitivity)
+    if run.robustness:
+        lines += ["", *robustness_lines(run.robustness)]
     lines += ["", *vector_table(run)]
     if run.verification:
         lines += ["", *verification_table(run.verification)]

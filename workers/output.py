@@ -80,6 +80,8 @@ def format_report(report: JobReport) -> str:
             continue
         control = d.control or ControlAxis.GPU_CLOCK_HZ
         lines.append(_choice("edgetrain ", d.selection, d.estimated_time_to_accuracy_s, control))
+        if d.selection.note:
+            lines.append(f"              {d.selection.note}")
         if d.baseline1:
             speedup = d.estimated_speedup_vs_baseline1
             lines.append(

@@ -1,6 +1,7 @@
 """The paper's evaluation, pure (no Redis, no Celery): the spec, the presets, and the
 arithmetic that turns lookup tables and measured N_b into each method's time and energy to
-the target accuracy, the speed-ups, the gap to the oracle and the proxy sensitivity matrix;
+the target accuracy, the speed-ups, the gap to the oracle, the proxy sensitivity matrix and its summary against
+Baseline 1;
 the verification fine-tunes' comparison with equation (2), and the document of a run."""
 
 from .compute import (
@@ -8,6 +9,7 @@ from .compute import (
     evaluation_row,
     method_result,
     over_oracle_pct,
+    robustness,
     sensitivity_matrix,
     speedup,
     strategies,
@@ -20,6 +22,7 @@ from .results import (
     EvaluationRow,
     MeanStd,
     MethodResult,
+    Robustness,
     SensitivityMatrix,
 )
 from .run import Dispatched, EvaluationRun
@@ -28,7 +31,8 @@ from .verification import Check, Verification, checks, verification
 
 __all__ = [
     "METHODS", "SCALES", "Check", "DatasetGoal", "DeviceProfile", "Dispatched", "EvaluatedDevice", "EvaluationReport",
-    "EvaluationRow", "EvaluationRun", "EvaluationSpec", "MeanStd", "MethodResult", "PretrainStep", "SensitivityMatrix",
-    "Verification", "checks", "evaluate", "evaluation_row", "method_result", "over_oracle_pct", "scale_preset",
+    "EvaluationRow", "EvaluationRun", "EvaluationSpec", "MeanStd", "MethodResult", "PretrainStep", "Robustness",
+    "SensitivityMatrix", "Verification", "checks", "evaluate", "evaluation_row", "method_result", "over_oracle_pct",
+    "robustness", "scale_preset",
     "sensitivity_matrix", "speedup", "strategies", "verification",
 ]  # fmt: skip

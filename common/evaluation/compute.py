@@ -8,7 +8,9 @@ seeds, scaled the same way. The methods:
 - `baseline1`: the largest batch that fits in memory at the model-agnostic frequency for the
   cap (no proxy: it does not depend on any relation vector);
 - `baseline2`: Baseline 1's frequency and the batch size with the least proxy time to accuracy;
-- `edgetrain`: equation (4) with the proxy's relation vector;
+- `equation4`: equation (4) with the proxy's relation vector, as the paper has it;
+- `edgetrain`: `Robust`, equation (4)'s choice only where its gain over the largest batch
+  exceeds the uncertainty of the proxy's r_b;
 - `oracle`: equation (4) with the target's own N_b.
 """
 
@@ -20,6 +22,7 @@ from ..selection import (
     Baseline2,
     Equation4,
     Oracle,
+    Robust,
     SelectionError,
     Strategy,
 )
@@ -29,8 +32,12 @@ from .results import (
     EvaluationRow,
     MeanStd,
     MethodResult,
+    Robustness,
     SensitivityMatrix,
 )
+
+OVER = 1.05  # a cell's time over Baseline 1's above which edgetrain counts as worse than the state of practice
+KEPT = 0.90  # the share of equation (4)'s speed-up that edgetrain must keep where the proxy is good
 
 
 def baseline1(device: DeviceProfile) -> Baseline1:
@@ -39,11 +46,12 @@ def baseline1(device: DeviceProfile) -> Baseline1:
 
 
 def strategies(device: DeviceProfile, proxy: RelationVector, target: RelationVector) -> dict[str, Strategy]:
-    """The four methods, by their names in the report."""
+    """The methods, by their names in the report (METHODS)."""
     return {
         "baseline1": baseline1(device),
         "baseline2": Baseline2(proxy, device.power_envelope_w),
-        "edgetrain": Equation4(proxy),
+        "equation4": Equation4(proxy),
+        "edgetrain": Robust(proxy),
         "oracle": Oracle(target),
     }
 
@@ -133,7 +141,7 @@ def evaluation_row(
     proxy: tuple[str, RelationVector],
     target: tuple[str, RelationVector],
 ) -> tuple[EvaluationRow, list[str]]:
-    """The four methods on one (device type, cap, target), and notes on what they could not do."""
+    """Every method on one (device type, cap, target), and notes on what they could not do."""
     (proxy_label, proxy_vector), (target_label, target_vector) = proxy, target
     where = f"{device.device_type}, {_cap_text(power_cap_w)}, {target_label}"
     results: dict[str, MethodResult] = {}
@@ -164,20 +172,62 @@ def sensitivity_matrix(device: DeviceProfile, power_cap_w: float | None, vectors
         return method_result(device.table, choose(strategy, device.table, power_cap_w)[0], target)
 
     edgetrain_pct: list[list[float | None]] = [[] for _ in labels]
+    equation4_pct: list[list[float | None]] = [[] for _ in labels]
     baseline1_pct: list[float | None] = []
     for target in vectors.values():
         oracle = result(Oracle(target), target)
         baseline1_pct.append(over_oracle_pct(result(baseline1(device), target), oracle))
-        for row, proxy in zip(edgetrain_pct, vectors.values()):
-            row.append(over_oracle_pct(result(Equation4(proxy), target), oracle))
+        for robust_row, plain_row, proxy in zip(edgetrain_pct, equation4_pct, vectors.values()):
+            robust_row.append(over_oracle_pct(result(Robust(proxy), target), oracle))
+            plain_row.append(over_oracle_pct(result(Equation4(proxy), target), oracle))
     return SensitivityMatrix(
         device_type=device.device_type,
         power_cap_w=power_cap_w,
         simulated=device.table.simulated,
         datasets=labels,
         edgetrain_over_oracle_pct=edgetrain_pct,
+        equation4_over_oracle_pct=equation4_pct,
         baseline1_over_oracle_pct=baseline1_pct,
     )
+
+
+def _ratio_to_baseline1(method_pct: float | None, baseline1_pct: float | None) -> float | None:
+    """A method's time over Baseline 1's, from both of their % over the oracle."""
+    if method_pct is None or baseline1_pct is None:
+        return None
+    return (1 + method_pct / 100) / (1 + baseline1_pct / 100)
+
+
+def robustness(matrices: list[SensitivityMatrix]) -> Robustness:
+    """edgetrain and plain equation (4) against Baseline 1 over every cell (see Robustness)."""
+    cells = 0
+    worst: dict[str, float | None] = {"edgetrain": None, "equation4": None}
+    over: dict[str, list[str]] = {"edgetrain": [], "equation4": []}
+    kept: list[float] = []
+    below: list[str] = []
+    for m in matrices:
+        for p, proxy in enumerate(m.datasets):
+            for t, target in enumerate(m.datasets):
+                b1 = m.baseline1_over_oracle_pct[t]
+                robust = _ratio_to_baseline1(m.edgetrain_over_oracle_pct[p][t], b1)
+                plain = _ratio_to_baseline1(m.equation4_over_oracle_pct[p][t], b1)
+                if robust is None or plain is None:
+                    continue
+                cells += 1
+                where = f"{m.device_type}, {_cap_text(m.power_cap_w)}, proxy {proxy} -> {target}"
+                for name, ratio in (("edgetrain", robust), ("equation4", plain)):
+                    worst[name] = max(ratio, worst[name] or ratio)
+                    if ratio > OVER:
+                        over[name].append(f"{where}: {ratio:.2f}x Baseline 1's time")
+                if plain < 1:
+                    kept.append(plain / robust)
+                    if kept[-1] < KEPT:
+                        below.append(f"{where}: keeps {kept[-1]:.0%} ({1 / robust:.2f}x vs {1 / plain:.2f}x)")
+    return Robustness(
+        cells=cells, edgetrain_worst=worst["edgetrain"], equation4_worst=worst["equation4"],
+        edgetrain_over=over["edgetrain"], equation4_over=over["equation4"],
+        speedup_cells=len(kept), kept_least=min(kept, default=None), kept_below_90pct=below,
+    )  # fmt: skip
 
 
 def evaluate(devices: list[DeviceProfile], vectors: dict[str, RelationVector], proxy: str, targets: list[str]) -> EvaluationReport:
@@ -200,4 +250,4 @@ def evaluate(devices: list[DeviceProfile], vectors: dict[str, RelationVector], p
                 rows.append(row)
                 notes += row_notes
             sensitivity.append(sensitivity_matrix(device, cap, {label: vectors[label] for label in labels}))
-    return EvaluationReport(rows=rows, sensitivity=sensitivity, notes=notes)
+    return EvaluationReport(rows=rows, sensitivity=sensitivity, robustness=robustness(sensitivity), notes=notes)

@@ -12,6 +12,7 @@ from edgetrain.common.selection import (
     Equation4,
     InfeasibleCapError,
     Oracle,
+    Robust,
     SelectionError,
     highest_feasible_index,
     lowest_feasible_cap_w,
@@ -144,3 +145,86 @@ def test_oracle_is_equation4_with_the_target_vector_and_never_slower_than_the_ot
                 continue
             i, j = B.index(other.batch_size), F.index(other.frequency_hz)
             assert oracle.estimated_time_s <= table.time_s[i][j] * target.ratio(other.batch_size) + 1e-12
+
+
+def _two_row_table(time_small_s: float, time_large_s: float, max_batch_size: int | None = None) -> ProfileTable:
+    """b=16 and b=64 (and b=128, when memory allows it) at two frequencies; every point under a 10 W cap."""
+    return ProfileTable(
+        batch_sizes=[16, 64, 128], frequencies_hz=[100, 200], samples=1000, max_batch_size=max_batch_size,
+        time_s=[[2 * time_small_s, time_small_s], [2 * time_large_s, time_large_s], [2 * time_large_s, time_large_s]],
+        peak_power_w=[[3.0, 4.0], [4.0, 5.0], [4.5, 5.5]],
+    )  # fmt: skip
+
+
+def _vector(samples: list[float], std: list[float]) -> RelationVector:
+    return RelationVector(batch_sizes=[16, 64, 128], ratios=[n / samples[-1] for n in samples], samples_mean=samples,
+                          samples_std=std, reference_batch_size=128)  # fmt: skip
+
+
+def test_robust_takes_a_gain_beyond_the_uncertainty_and_says_so() -> None:
+    table = _two_row_table(time_small_s=1.0, time_large_s=1.0)
+    vector = _vector([500, 900, 1000], [10, 10, 10])  # b=16 needs half the samples: 50 % faster
+    choice = Robust(vector).choose(table, None)
+    assert (choice.batch_size, choice.frequency_hz) == (16, 200)
+    assert choice == Equation4(vector).choose(table, None).model_copy(update={"strategy": "edgetrain", "note": choice.note})
+    assert choice.note == "chose b=16: gain 50% over b=128 beyond uncertainty 5%"
+
+
+def test_robust_keeps_the_largest_batch_when_the_gain_is_within_the_margin() -> None:
+    table = _two_row_table(time_small_s=1.0, time_large_s=1.0)
+    vector = _vector([970, 990, 1000], [1, 1, 1])  # a 3 % gain, under the 5 % margin
+    assert Equation4(vector).choose(table, None).batch_size == 16
+    choice = Robust(vector).choose(table, None)
+    assert (choice.batch_size, choice.frequency_hz) == (128, 200)
+    assert choice.note == "kept b=128: b=16's gain 3% within uncertainty 5%"
+
+
+def test_robust_uncertainty_grows_with_the_spread_over_seeds() -> None:
+    table = _two_row_table(time_small_s=1.0, time_large_s=1.0)
+    steady = _vector([800, 900, 1000], [8, 9, 10])  # 20 % gain, 1 % relative spread
+    noisy = _vector([800, 900, 1000], [240, 90, 100])  # the same gain, 30 % and 10 % spread: 32 % combined
+    assert Robust(steady).choose(table, None).batch_size == 16
+    assert Robust(noisy).uncertainty(16, 128) == pytest.approx((0.3**2 + 0.1**2) ** 0.5)
+    kept = Robust(noisy).choose(table, None)
+    assert kept.batch_size == 128 and kept.note is not None and "within uncertainty 32%" in kept.note
+
+
+def test_robust_reference_is_the_largest_batch_that_fits_and_meets_the_cap() -> None:
+    vector = _vector([970, 990, 1000], [1, 1, 1])
+    assert Robust(vector).choose(_two_row_table(1.0, 1.0, max_batch_size=64), None).batch_size == 64
+    under_cap = Robust(vector).choose(_two_row_table(1.0, 1.0), 5.2)  # b=128 runs only at 100 Hz, twice as slow
+    assert (under_cap.batch_size, under_cap.frequency_hz) == (16, 200)
+
+
+def _largest_feasible(table: ProfileTable, vector: RelationVector, cap: float | None) -> tuple[int, int, float]:
+    """The largest batch size with a measured point under the cap: (b, f at its highest such point, T * r_b)."""
+    for i in reversed(range(len(table.batch_sizes))):
+        under = [j for j, p in enumerate(table.peak_power_w[i]) if p is not None and (cap is None or p <= cap)]
+        time_s = table.time_s[i][max(under)] if under else None
+        if time_s is not None:
+            b = table.batch_sizes[i]
+            return b, table.frequencies_hz[max(under)], time_s * vector.ratio(b)  # type: ignore[operator]
+    raise AssertionError("nothing feasible")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_robust_chooses_equation4_only_beyond_the_uncertainty_else_the_largest_batch(seed: int) -> None:
+    rng = random.Random(seed)
+    table = random_monotone_table(rng, holes=0.1)
+    samples = [rng.uniform(300, 2000) for _ in B]
+    vector = RelationVector(batch_sizes=B, ratios=[n / samples[-1] for n in samples], samples_mean=samples,
+                            samples_std=[n * rng.uniform(0, 0.2) for n in samples])  # fmt: skip
+    robust = Robust(vector)
+    for cap in [None, 3.0, 4.0, 6.0]:
+        try:
+            plain = Equation4(vector).choose(table, cap)
+        except InfeasibleCapError:
+            continue
+        got = robust.choose(table, cap)
+        b_ref, f_ref, estimate_ref = _largest_feasible(table, vector, cap)
+        pessimistic = plain.estimated_time_s * (1 + robust.uncertainty(plain.batch_size, b_ref))
+        if (got.batch_size, got.frequency_hz) == (b_ref, f_ref):
+            assert plain.batch_size == b_ref or pessimistic >= estimate_ref
+        else:
+            assert (got.batch_size, got.frequency_hz) == (plain.batch_size, plain.frequency_hz)
+            assert pessimistic < estimate_ref

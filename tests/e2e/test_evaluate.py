@@ -83,6 +83,8 @@ def test_a_quick_evaluation_runs_through_the_workers_and_reports_every_method(fi
     assert document["rows"][0]["baseline1"]["frequency_hz"] < document["rows"][0]["edgetrain"]["frequency_hz"]  # the cap binds B1
     [matrix] = [m for m in document["sensitivity"] if m["power_cap_w"] == 4.0]
     assert matrix["datasets"] == ["digits (0.5)", "mnist5k (0.2)"] and matrix["simulated"]
+    robustness = document["robustness"]  # every cell of both matrices (2 caps x 2 proxies x 2 targets) is reached
+    assert robustness["cells"] == 8 and robustness["edgetrain_worst"] > 0 and robustness["equation4_worst"] > 0
     for vector in document["vectors"].values():
         assert vector["resolution_samples"] <= 128 and all(n is not None for n in vector["samples_mean"])
     assert document["weights"].startswith("artifact:") and 0 < document["pretrain_test_accuracy"] < 1

@@ -157,6 +157,14 @@ def test_the_report_flags_a_peak_above_the_cap_and_tells_device_time_from_wall_t
     assert JobReport.from_status(store.jobs.status("j1")).state == JobState.completed
 
 
+def test_the_report_says_why_edgetrain_kept_the_largest_batch(store) -> None:
+    job_in(store, "j1", PartState.completed)
+    note = "kept b=128: b=16's gain 3% within uncertainty 5%"
+    store.jobs.update_part("j1", "nano-1", {"selection": SELECTION.model_copy(update={"batch_size": 128, "note": note})})
+    lines = format_report(JobReport.from_status(store.jobs.status("j1"))).splitlines()
+    assert lines[lines.index(next(line for line in lines if "edgetrain : b=128" in line)) + 1].strip() == note
+
+
 def test_the_client_and_the_control_worker_do_not_import_pytorch(redis_server) -> None:
     probe = (
         "import sys\n"
