@@ -42,6 +42,7 @@ def test_a_running_fine_tune_switches_pauses_and_resumes_with_the_caps_set_on_it
         assert first.power_cap_w == 3.5
         assert (first.old_batch_size, first.old_frequency_hz) != (first.new_batch_size, first.new_frequency_hz)
         assert resume.power_cap_w is None and resume.samples == pause.samples
-        assert report.paused_s > 0 and report.samples_processed == 12000 and report.attempts == 1  # nothing lost
+        assert report.paused_s > 0 and report.attempts == 1
+        assert 12000 <= report.samples_processed < 12000 + 128  # the budget, counted once, to the step that passed it
         assert report.guard.peak_power_w > 0
         assert part.waiting is None
