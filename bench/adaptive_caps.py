@@ -157,7 +157,7 @@ def main() -> int:
     vector = estimate_vector(spec)
     first = Equation4(vector).choose(table, CAPS_W[0])
     expected_s = estimated_time_to_accuracy_s(table, vector, first) or 60.0
-    times = (0.0, round(0.25 * expected_s, 1), round(0.6 * expected_s, 1))
+    times = (0.0, float(f"{0.25 * expected_s:.3g}"), float(f"{0.6 * expected_s:.3g}"))
     schedule = [[t, c] for t, c in zip(times, CAPS_W)]
     target = DeviceTarget(device_id="nano", power_cap_w=CAPS_W[0], power_cap_schedule=schedule)
     fixed = Equation4(vector).choose(table, min(CAPS_W))
