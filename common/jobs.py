@@ -75,6 +75,7 @@ class EventKind(str, Enum):
     selected = "selected"  # (b, f) selected, fine-tuning dispatched
     attempt_lost = "attempt_lost"  # the process running a task stopped; the task was handed on
     resumed = "resumed"  # a fine-tune continued from its checkpoint
+    reconfigured = "reconfigured"  # a running fine-tune changed (b, f), paused or resumed for a new cap
     device_missing = "device_missing"  # a device stopped heartbeating while a part needs it
     baseline1_unavailable = "baseline1_unavailable"
     completed = "completed"
@@ -107,6 +108,10 @@ class FinetuneProgress(Strict):
     energy_j: float
     target_accuracy: float
     max_samples: int
+    batch_size: int | None = Field(None, description="the batch size training runs with now")
+    frequency_hz: int | None = Field(None, description="the frequency it runs at now (Hz)")
+    power_cap_w: float | None = Field(None, description="the cap in force now (W)")
+    paused: str | None = Field(None, description="why training is paused at idle clocks, while it is")
     updated_at: datetime = Field(default_factory=utc_now)
 
 

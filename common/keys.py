@@ -5,6 +5,7 @@
     <p>:fleet:seen                         zset device id -> last heartbeat (Redis time, s)
     <p>:fleet:owner:<id>                   the worker instance serving a device id (expires)
     <p>:fleet:jobs:<id>                    set of jobs with an unfinished part on the device
+    <p>:fleet:cap:<id>                     hash: the power cap set on the device while it runs
     <p>:workers                            zset worker node -> last heartbeat (Redis time, s)
     <p>:worker:<node>                      WorkerInfo JSON: role, queues, host, pid
     <p>:leases                             zset task id -> last renewal (Redis time, s)
@@ -101,6 +102,9 @@ class Keys:
 
     def device_jobs(self, device_id: str) -> str:
         return f"{self.prefix}:fleet:jobs:{device_id}"
+
+    def device_cap(self, device_id: str) -> str:
+        return f"{self.prefix}:fleet:cap:{device_id}"
 
     def workers(self) -> str:
         return f"{self.prefix}:workers"

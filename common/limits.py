@@ -18,6 +18,7 @@ MAX_SEED = 2**32 - 1  # what every random generator used accepts
 MAX_SAMPLES = 10_000_000  # training budget per run (samples): 200 epochs of a 50 000-image set
 MAX_PROFILE_BATCHES = 100  # warm-up or measured mini-batches per profiled (b, f) point
 MAX_DEVICES = 10_000  # devices per job (a big job is planned in pages)
+MAX_CAP_STEPS = 1000  # steps of a device's power cap schedule
 MAX_NAME_CHARS = 256  # a model name, an artifact URL
 MAX_PATH_CHARS = 1024  # a dataset path
 

@@ -73,7 +73,7 @@ def profile_request(
 
 def job_profile_request(job_id: str, spec: JobSpec, target: DeviceTarget, device: DeviceInfo) -> ProfileRequest:
     """The profile job `job_id` needs from `device`, the device of `target`."""
-    return profile_request(device, job_id, spec.model, spec.batch_sizes, spec.profiling, target.power_cap_w)
+    return profile_request(device, job_id, spec.model, spec.batch_sizes, spec.profiling, target.cap_at(0.0))
 
 
 class ProfileResult(Strict):

@@ -26,8 +26,9 @@ The decisions:
 - `Prepare`: the table (`profile`) and/or the relation vector (`estimate`) are missing, or the
   table lacks rows for some of the job's batch sizes (profiled and merged into it); the part
   waits in `state` until they are produced.
-- `FineTune`: both exist: edgetrain's selection (robust equation (4); or the target's fixed configuration,
-  checked against the table), Baseline 1 for comparison, and the fine-tuning request.
+- `FineTune`: both exist: the selection of the job's objective (for time to accuracy,
+  edgetrain's robust equation (4)) or the target's fixed configuration, checked against the
+  table, Baseline 1 for comparison, and the fine-tuning request.
 - `Cancel`: the job was cancelled; a part being fine-tuned on a live device is left to its
   task, which stops at its next step.
 """
@@ -57,10 +58,13 @@ from .schemas import (
 )
 from .selection import (
     Baseline1,
+    Energy,
     Fixed,
     Robust,
     SelectionError,
     Strategy,
+    TimeWithinEnergyBudget,
+    ZeusCost,
     estimated_time_to_accuracy_s,
 )
 from .tables import missing_batch_sizes, reuse_problem
@@ -169,7 +173,7 @@ def plan(view: PartView) -> Decision:
     tid, vkey = resource_ids(spec, device.device_type)
     table, stale, missing = view.table, None, None
     if table is not None:
-        stale = reuse_problem(table, device, target.power_cap_w, view.not_before)
+        stale = reuse_problem(table, device, target.cap_at(0.0), view.not_before)
         missing = None if stale else missing_batch_sizes(table, spec.batch_sizes)
         table = None if stale or missing else table
     if table is None and view.table_failure:
@@ -214,16 +218,27 @@ def _profile(view: PartView, device: DeviceInfo, missing: list[int] | None) -> P
     return request.model_copy(update={"batch_sizes": missing, "merge": True}) if missing else request
 
 
-def _strategy(target: DeviceTarget, vector: RelationVector) -> Strategy:
-    """edgetrain's robust equation (4), or the target's fixed configuration when it names one."""
-    fixed = target.configuration
-    return Robust(vector) if fixed is None else Fixed(vector, fixed.batch_size, fixed.frequency_hz)
+def strategy_for(spec: JobSpec, target: DeviceTarget, vector: RelationVector) -> Strategy:
+    """How a job selects for `target`, at the start and whenever its cap changes: the
+    target's fixed configuration when it names one, else the job's objective (edgetrain's
+    robust equation (4) for time to accuracy)."""
+    fixed, objective = target.configuration, spec.objective
+    if fixed is not None:
+        return Fixed(vector, fixed.batch_size, fixed.frequency_hz)
+    if objective.name == "energy":
+        return Energy(vector)
+    if objective.name == "zeus":
+        return ZeusCost(vector, objective.eta)
+    if objective.name == "time_within_energy_budget":
+        assert objective.energy_budget_j is not None, "the spec requires the budget with this objective"
+        return TimeWithinEnergyBudget(vector, objective.energy_budget_j)
+    return Robust(vector)
 
 
 def _fine_tune(view: PartView, device: DeviceInfo, table: ProfileTable, vector: RelationVector) -> Decision:
-    cap = view.target.power_cap_w
+    cap = view.target.cap_at(0.0)
     try:
-        choice = _strategy(view.target, vector).choose(table, cap)
+        choice = strategy_for(view.spec, view.target, vector).choose(table, cap)
     except SelectionError as exc:
         return Fail(str(exc))
     base, problem = None, None

@@ -24,7 +24,7 @@ class DeviceReport(Strict):
     baseline1_estimated_time_to_accuracy_s: float | None
     estimated_speedup_vs_baseline1: float | None
     achieved: RunReport | None
-    over_cap: bool = Field(False, description="the peak power measured while fine-tuning was above the cap")
+    over_cap: bool = Field(False, description="power measured while fine-tuning was above the cap in force")
     control: ControlAxis | None = Field(None, description="what the device's settings are (clocks, power limits)")
     progress: FinetuneProgress | None = None
 
@@ -58,9 +58,18 @@ class JobReport(Strict):
                     baseline1_estimated_time_to_accuracy_s=base,
                     estimated_speedup_vs_baseline1=base / ours if ours and base else None,
                     achieved=part.report,
-                    over_cap=bool(part.report and part.power_cap_w is not None and part.report.peak_power_w > part.power_cap_w),
+                    over_cap=_over_cap(part.report, part.power_cap_w),
                     control=part.control,
                     progress=status.progress.get(part.device_id),
                 )
             )
         return cls(job_id=status.job_id, state=status.state, spec=status.spec, devices=devices, events=status.events)
+
+
+def _over_cap(report: RunReport | None, power_cap_w: float | None) -> bool:
+    """Whether a run's power went over the cap in force: its power guard saw a reading over
+    it, or (a run whose cap never changed) its peak is over the job's cap."""
+    if report is None:
+        return False
+    steady = not report.switches and power_cap_w is not None and report.peak_power_w > power_cap_w
+    return report.guard.over_cap_s > 0 or steady

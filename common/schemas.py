@@ -15,6 +15,7 @@ from .control_axis import ClockObservation, ControlAxis
 from .limits import (
     MAX_BATCH_SIZE,
     MAX_BATCH_SIZES,
+    MAX_CAP_STEPS,
     MAX_DEVICES,
     MAX_NAME_CHARS,
     MAX_PATH_CHARS,
@@ -89,13 +90,47 @@ class FixedConfiguration(Strict):
     frequency_hz: int = Field(gt=0, description="one of the device's frequencies (Hz)")
 
 
+def checked_cap_schedule(steps: list[tuple[float, float | None]]) -> list[tuple[float, float | None]]:
+    """A cap schedule as given; ValueError unless its times (s) are non-negative and strictly
+    increasing and its caps (W) positive or None (no cap)."""
+    times = [t for t, _ in steps]
+    if any(t < 0 for t in times) or any(b <= a for a, b in zip(times, times[1:])):
+        raise ValueError(f"times must be non-negative and strictly increasing (s of device time), got {times}")
+    bad = [cap for _, cap in steps if cap is not None and cap <= 0]
+    if bad:
+        raise ValueError(f"caps must be above 0 W or null (no cap), got {bad}")
+    return steps
+
+
+# [[device time since the fine-tune started (s), board power cap (W) or None], ...]
+CapSchedule = Annotated[list[tuple[float, float | None]], AfterValidator(checked_cap_schedule)]
+
+
 class DeviceTarget(Strict):
     """One device of a job: where to fine-tune and under which board power cap."""
 
     device_id: str = Field(pattern=ID_PATTERN)
     power_cap_w: float | None = Field(None, gt=0, description="board power cap in W; None = no cap")
+    power_cap_schedule: CapSchedule | None = Field(
+        None, max_length=MAX_CAP_STEPS,
+        description="[[s of device time since the fine-tune started, cap in W or null], ...]: the cap from each time on; "
+        "power_cap_w holds before the first step",
+    )  # fmt: skip
     dataset: DatasetRef | None = None  # the device's own data; default: the job's dataset
     configuration: FixedConfiguration | None = Field(None, description="fine-tune with this configuration; default: eq. (4)")
+
+    def cap_at(self, device_time_s: float) -> float | None:
+        """The scheduled board power cap (W) `device_time_s` seconds into the fine-tune."""
+        cap = self.power_cap_w
+        for start_s, step_cap in self.power_cap_schedule or []:
+            if start_s > device_time_s:
+                break
+            cap = step_cap
+        return cap
+
+    def schedule_step(self, device_time_s: float) -> int:
+        """How many steps of the schedule have begun by `device_time_s` (0: power_cap_w holds)."""
+        return sum(start_s <= device_time_s for start_s, _ in self.power_cap_schedule or [])
 
 
 class ProfilingOptions(Strict):
@@ -106,6 +141,34 @@ class ProfilingOptions(Strict):
     measure_batches: ProfileBatches = Field(3, gt=0)
     mode: Literal["grid", "staircase"] = "grid"
     force: bool = Field(False, description="profile again even when a current table exists")
+
+
+class Objective(Strict):
+    """What selection minimises per device, from the table and the relation vector:
+
+    - "time": time to accuracy, T[b][f] * r_b (equation (4));
+    - "energy": energy to accuracy, E[b][f] * r_b, over every (b, f) under the cap;
+    - "zeus": zeus's cost eta * E[b][f] * r_b + (1 - eta) * max_power * T[b][f] * r_b (J),
+      max_power the highest peak power of the table (W);
+    - "time_within_energy_budget": the fastest whose estimated energy to accuracy
+      E[b][f] * N_b / N_s is at most `energy_budget_j` (J).
+
+    A bare name is accepted for the object: "energy" = {"name": "energy"}."""
+
+    name: Literal["time", "energy", "zeus", "time_within_energy_budget"] = "time"
+    eta: float = Field(0.5, ge=0, le=1, description="zeus: the weight of energy against time (0..1)")
+    energy_budget_j: float | None = Field(None, gt=0, description="time_within_energy_budget: the budget (J)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, value: object) -> object:
+        return {"name": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _budget(self) -> Objective:
+        if (self.name == "time_within_energy_budget") != (self.energy_budget_j is not None):
+            raise ValueError("energy_budget_j is required by, and only allowed with, name 'time_within_energy_budget'")
+        return self
 
 
 class JobSpec(Strict):
@@ -124,6 +187,7 @@ class JobSpec(Strict):
     eval_every_samples: SampleCount = Field(512, description="accuracy is checked this often")
     max_samples: SampleCount = Field(200_000, description="budget; a run that has not reached the target by then is censored")
     profiling: ProfilingOptions = Field(default_factory=ProfilingOptions)
+    objective: Objective = Field(default_factory=Objective, description="what selection minimises (default: time)")
     device_grace_s: float = Field(
         120.0, ge=0, le=7 * 24 * 3600, description="how long a part waits for a device that stopped heartbeating before it fails (s)"
     )
@@ -137,6 +201,11 @@ class JobSpec(Strict):
         if self.eval_every_samples > self.max_samples:
             raise ValueError(f"eval_every_samples={self.eval_every_samples} is more than max_samples={self.max_samples}")
         for k, target in enumerate(self.devices):
+            if target.power_cap_schedule and self.profiling.mode == "staircase":
+                raise ValueError(
+                    f"devices.{k}.power_cap_schedule: a cap that changes needs a grid table, and a staircase table is "
+                    "measured for one cap: set profiling.mode to 'grid'"
+                )
             if target.configuration is not None and target.configuration.batch_size not in self.batch_sizes:
                 raise ValueError(
                     f"devices.{k}.configuration.batch_size: {target.configuration.batch_size} is not one of the job's "
@@ -197,6 +266,16 @@ class DeviceInfo(Strict):
     hostname: str = ""
     registered_at: datetime = Field(default_factory=utc_now)
     heartbeat_at: datetime = Field(default_factory=utc_now)
+
+
+class DeviceCap(Strict):
+    """A board power cap set on a device while it runs (`EdgeTrainClient.set_power_cap`):
+    running fine-tunes follow it from their next step. `version` counts the caps set on the
+    device, so a fine-tune knows which are newer than what it follows."""
+
+    power_cap_w: float | None = Field(gt=0, description="W; None = no cap")
+    version: int = Field(ge=1)
+    set_at: datetime
 
 
 # --------------------------------------------------------------------------- lookup tables
@@ -352,7 +431,43 @@ class Selection(Strict):
     frequency_hz: int
     estimated_time_s: float = Field(description="T[b][f] * r_b (s): the objective of eq. (4)")
     peak_power_w: float | None = Field(description="the table's peak power at (b, f) (W); None: not measured there")
+    estimated_energy_j: float | None = Field(None, description="E[b][f] * r_b (J): the energy objective, where E was measured")
     note: str | None = Field(None, description="why the strategy decided as it did, when that is not the plain estimate")
+
+
+class ConfigSwitch(Strict):
+    """A change of configuration while fine-tuning, at `device_time_s` (s since the fine-tune
+    started) after `samples` samples: a new cap (`cause` "cap"), the power guard stepping the
+    frequency down or back up ("guard"), a pause at idle clocks because no configuration meets
+    the cap ("pause"; no new configuration) and the resume after it ("resume")."""
+
+    device_time_s: float
+    samples: int
+    cause: Literal["cap", "guard", "pause", "resume"]
+    power_cap_w: float | None = Field(description="the cap in force (W)")
+    old_batch_size: int | None
+    old_frequency_hz: int | None
+    new_batch_size: int | None
+    new_frequency_hz: int | None
+    note: str | None = None
+
+    def line(self) -> str:
+        """The switch as one line for people."""
+        cap = "no cap" if self.power_cap_w is None else f"cap {self.power_cap_w:g} W"
+        old = f"b={self.old_batch_size} f={(self.old_frequency_hz or 0) / 1e6:g} MHz" if self.old_batch_size else "paused"
+        new = f"b={self.new_batch_size} f={(self.new_frequency_hz or 0) / 1e6:g} MHz" if self.new_batch_size else "paused"
+        note = f" ({self.note})" if self.note else ""
+        return f"{self.device_time_s:9.1f} s  {self.cause:<6} {cap}: {old} -> {new}{note}"
+
+
+class PowerGuardReport(Strict):
+    """What the power guard saw while fine-tuning: readings above the cap in force."""
+
+    step_downs: int = Field(0, description="times the frequency was stepped down one level on an over-cap reading")
+    step_ups: int = Field(0, description="times it went back up after a sustained margin")
+    over_cap_s: float = Field(0.0, description="device time of the measured regions whose peak was over the cap (s)")
+    peak_power_w: float = Field(0.0, description="the highest reading (W)")
+    peak_over_cap_w: float = Field(0.0, description="the largest reading above the cap in force (W; 0: never over)")
 
 
 class RunReport(Strict):
@@ -375,3 +490,6 @@ class RunReport(Strict):
     attempts: int = Field(1, description="how many times the fine-tune started (> 1: its worker died and it resumed)")
     lost_device_time_s: float = Field(0.0, description="device time of the work lost with dead attempts (s)")
     lost_energy_j: float = Field(0.0, description="energy of the work lost with dead attempts (J)")
+    switches: list[ConfigSwitch] = Field(default_factory=list, description="configuration changes while fine-tuning")
+    paused_s: float = Field(0.0, description="device time spent paused at idle clocks: no configuration met the cap (s)")
+    guard: PowerGuardReport = Field(default_factory=PowerGuardReport)

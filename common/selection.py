@@ -13,6 +13,9 @@ peak P[b][f] in W) for a cap (W, None = no cap). The methods of docs/method.md:
 - `Baseline1` (state of practice): the largest batch that fits in memory, at the highest
   frequency whose model-agnostic full-load power stays under the cap.
 - `Baseline2`: Baseline 1's frequency, and the batch size that minimises T[b][f] * r_b there.
+- Other objectives, over every measured (b, f) under the cap: `Energy` (energy to accuracy,
+  E[b][f] * r_b), `ZeusCost` (zeus's eta * energy + (1 - eta) * max_power * time) and
+  `TimeWithinEnergyBudget` (the fastest whose energy to accuracy fits a budget).
 """
 
 from __future__ import annotations
@@ -249,6 +252,95 @@ class Baseline2(Strategy):
         if not options:
             raise SelectionError(f"Baseline 2: no batch size was measured at {table.frequencies_hz[j]} Hz")
         return min(options, key=lambda s: s.estimated_time_s)
+
+
+def measured_points(strategy: str, table: ProfileTable, vector: RelationVector, power_cap_w: float | None) -> list[Selection]:
+    """Every measured (b, f) of an allowed batch size whose peak power (W) is under the cap,
+    with T * r_b and E * r_b as estimates: what the energy objectives search (their best f is
+    not the highest under the cap). SelectionError without energy in the table;
+    InfeasibleCapError when no point meets the cap."""
+    if table.energy_j is None:
+        raise SelectionError(f"objective {strategy!r} needs the energy E[b][f] of the lookup table, which has none: profile again")
+    found = []
+    for b in allowed_batch_sizes(table, vector):
+        i = table.batch_sizes.index(b)
+        for j, (time_s, power_w, energy_j) in enumerate(zip(table.time_s[i], table.peak_power_w[i], table.energy_j[i])):
+            if time_s is None or power_w is None or energy_j is None or power_cap_w is not None and power_w > power_cap_w:
+                continue
+            choice = _selection(strategy, table, vector, i, j)
+            found.append(choice.model_copy(update={"estimated_energy_j": energy_j * (vector.ratio(b) or math.inf)}))
+    if not found:
+        if power_cap_w is None:
+            raise SelectionError(f"objective {strategy!r}: no configuration with time, power and energy was measured")
+        raise InfeasibleCapError(power_cap_w, lowest_feasible_cap_w(table, vector))
+    return found
+
+
+@dataclass(frozen=True)
+class Energy(Strategy):
+    """Energy to accuracy: argmin over every measured (b, f) under the cap of E[b][f] * r_b."""
+
+    vector: RelationVector
+    name: ClassVar[str] = "energy"
+
+    @override
+    def choose(self, table: ProfileTable, power_cap_w: float | None) -> Selection:
+        return min(measured_points(self.name, table, self.vector, power_cap_w), key=_energy)
+
+
+@dataclass(frozen=True)
+class ZeusCost(Strategy):
+    """Zeus's cost: argmin of eta * E[b][f] * r_b + (1 - eta) * max_power * T[b][f] * r_b
+    (J), max_power the highest peak power of the table (W), over every (b, f) under the cap."""
+
+    vector: RelationVector
+    eta: float
+    name: ClassVar[str] = "zeus"
+
+    @override
+    def choose(self, table: ProfileTable, power_cap_w: float | None) -> Selection:
+        max_power_w = max(p for row in table.peak_power_w for p in row if p is not None)
+        return min(
+            measured_points(self.name, table, self.vector, power_cap_w),
+            key=lambda s: self.eta * _energy(s) + (1 - self.eta) * max_power_w * s.estimated_time_s,
+        )
+
+
+@dataclass(frozen=True)
+class TimeWithinEnergyBudget(Strategy):
+    """The fastest (least T[b][f] * r_b) of the (b, f) under the cap whose estimated energy
+    to accuracy E[b][f] * N_b / N_s is at most `energy_budget_j` (J); SelectionError naming
+    the least energy needed when none is."""
+
+    vector: RelationVector
+    energy_budget_j: float
+    name: ClassVar[str] = "time_within_energy_budget"
+
+    @override
+    def choose(self, table: ProfileTable, power_cap_w: float | None) -> Selection:
+        points = measured_points(self.name, table, self.vector, power_cap_w)
+        costs = [(s, estimated_energy_to_accuracy_j(table, self.vector, s)) for s in points]
+        within = [s for s, energy_j in costs if energy_j <= self.energy_budget_j]
+        if not within:
+            least = min(energy_j for _, energy_j in costs)
+            raise SelectionError(
+                f"objective.energy_budget_j: no configuration under the cap reaches the target within "
+                f"{self.energy_budget_j:g} J; the least estimated energy is {least:.4g} J"
+            )
+        return min(within, key=lambda s: s.estimated_time_s)
+
+
+def estimated_energy_to_accuracy_j(table: ProfileTable, vector: RelationVector, choice: Selection) -> float:
+    """E_Ns(b, f) * N_b / N_s (J) with the vector's N_b; infinite without N_b or E."""
+    n_b = vector.samples_for(choice.batch_size)
+    i, j = table.batch_sizes.index(choice.batch_size), table.frequencies_hz.index(choice.frequency_hz)
+    energy_j = table.energy_j[i][j] if table.energy_j else None
+    return math.inf if n_b is None or energy_j is None else energy_j * n_b / table.samples
+
+
+def _energy(choice: Selection) -> float:
+    assert choice.estimated_energy_j is not None, "measured_points sets the energy estimate"
+    return choice.estimated_energy_j
 
 
 def estimated_time_to_accuracy_s(table: ProfileTable, vector: RelationVector, choice: Selection) -> float | None:

@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -150,6 +150,16 @@ class DeviceTotals:
 Progress = Callable[[int, float, DeviceTotals], None]  # samples, accuracy, totals
 
 
+class StepControl(Protocol):
+    """Changes the run between steps (common/adaptive.py): batch size, frequency, pauses."""
+
+    def before_step(self, run: DeviceTotals) -> None:
+        """Called at each step boundary before the step; may idle the device (adding to `run`)."""
+
+    def after_step(self, m: Measurement, run: DeviceTotals) -> None:
+        """Called with each step's measured region once it is added to `run`."""
+
+
 def crossing(history: list[tuple[int, float]], target_accuracy: float) -> tuple[int, AccuracyBracket] | None:
     """N_b from an accuracy curve: where the test accuracy first reaches the target.
 
@@ -183,6 +193,7 @@ def train_to_accuracy(
     device: Device | None = None,
     on_evaluation: Progress | None = None,
     totals: DeviceTotals | None = None,
+    control: StepControl | None = None,
 ) -> tuple[TrainingOutcome, DeviceTotals]:
     """Train until the test accuracy reaches the target or `max_samples` are processed.
 
@@ -190,7 +201,8 @@ def train_to_accuracy(
     first step boundary past each interval); N_b is interpolated between the two evaluations
     around the crossing (see `crossing`). Steps run through `device` when one is given. A run
     resumed from a checkpoint (taken at an evaluation below the target) passes the trainer
-    restored to that point and the totals saved with it, whose history goes on.
+    restored to that point and the totals saved with it, whose history goes on. A `control`
+    (with a `device`) sees every step boundary and measured step.
     """
     started = time.perf_counter()
     resumed = totals is not None
@@ -209,7 +221,12 @@ def train_to_accuracy(
         if device is None:
             trainer.step()
         else:
-            run.add(device.run_steps(trainer.step, trainer.batch_size, 1))
+            if control:
+                control.before_step(run)
+            measured = device.run_steps(trainer.step, trainer.batch_size, 1)
+            run.add(measured)
+            if control:
+                control.after_step(measured, run)
         if trainer.samples >= next_eval or trainer.samples >= max_samples:
             next_eval = trainer.samples + eval_every_samples
             reached = evaluate()

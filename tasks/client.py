@@ -4,6 +4,7 @@ It only sends tasks by name and reads Redis, so it imports no PyTorch."""
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -29,6 +30,7 @@ from edgetrain.common.payloads import PretrainRequest, PretrainResult, profile_r
 from edgetrain.common.reports import JobReport
 from edgetrain.common.schemas import (
     DatasetRef,
+    DeviceCap,
     DeviceInfo,
     EstimationRequest,
     JobSpec,
@@ -171,6 +173,14 @@ class EdgeTrainClient:
     def report(self, job_id: str) -> JobReport:
         """The job's result per device."""
         return JobReport.from_status(self.status(job_id))
+
+    def set_power_cap(self, device_id: str, power_cap_w: float | None) -> DeviceCap:
+        """Set the board power cap of `device_id` (W; None = no cap): a fine-tune running there
+        re-selects (b, f) for it at its next step, and pauses at idle clocks while no
+        configuration meets it. ValueError for a cap that is not a positive number of watts."""
+        if power_cap_w is not None and not (math.isfinite(power_cap_w) and power_cap_w > 0):
+            raise ValueError(f"power_cap_w: {power_cap_w!r} is not allowed: a finite number of watts above 0, or None for no cap")
+        return self.store.fleet.set_power_cap(device_id, power_cap_w)
 
     def fleet(self) -> list[DeviceInfo]:
         """Devices with a live heartbeat."""

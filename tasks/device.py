@@ -8,6 +8,7 @@ child, so a model that kills its process does not take the worker down: `on_lost
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
@@ -15,6 +16,7 @@ from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.utils.log import get_task_logger
 
+from edgetrain.common.adaptive import AdaptiveControl, CapFollower, Switched
 from edgetrain.common.artifacts import initial_model
 from edgetrain.common.checkpoints import (
     checkpoint_name,
@@ -22,6 +24,7 @@ from edgetrain.common.checkpoints import (
     save_checkpoint,
 )
 from edgetrain.common.datasets.loading import load_dataset
+from edgetrain.common.devices.base import Device
 from edgetrain.common.jobs import (
     AttemptLog,
     CheckpointRef,
@@ -32,8 +35,9 @@ from edgetrain.common.jobs import (
 from edgetrain.common.keys import table_id, table_resource
 from edgetrain.common.models import get_model
 from edgetrain.common.payloads import FinetuneRequest, ProfileRequest, ProfileResult
+from edgetrain.common.planner import resource_ids, strategy_for
 from edgetrain.common.profiling import profile
-from edgetrain.common.schemas import LearningRatePolicy, RunReport
+from edgetrain.common.schemas import ConfigSwitch, LearningRatePolicy, PowerGuardReport, RunReport
 from edgetrain.common.tables import merge, storable_problem
 from edgetrain.common.training import (
     DeviceTotals,
@@ -183,28 +187,46 @@ def _finetune(request: FinetuneRequest) -> RunReport:
     store_dir, name, every_s = settings().artifact_dir, checkpoint_name(job_id, device_id), settings().checkpoint_every_s
     started = last_checkpoint = time.perf_counter()
 
-    def on_evaluation(samples: int, accuracy: float, run: DeviceTotals) -> None:
-        nonlocal last_checkpoint
-        if s.jobs.cancelled(job_id):
-            raise Cancelled(samples)
+    def report_progress(samples: int, accuracy: float, run: DeviceTotals) -> None:
         s.jobs.set_progress(
             job_id, device_id,
             FinetuneProgress(
                 samples=samples, accuracy=accuracy, device_time_s=run.elapsed_s, energy_j=run.energy_j,
                 target_accuracy=request.target_accuracy, max_samples=request.max_samples,
+                batch_size=trainer.batch_size, frequency_hz=control.frequency_hz if control else f,
+                power_cap_w=control.cap_w if control else None, paused=control.paused if control else None,
             ),
         )  # fmt: skip
+
+    def on_evaluation(samples: int, accuracy: float, run: DeviceTotals) -> None:
+        nonlocal last_checkpoint
+        if s.jobs.cancelled(job_id):
+            raise Cancelled(samples)
+        report_progress(samples, accuracy, run)
         if time.perf_counter() - last_checkpoint >= every_s:
             url = save_checkpoint(trainer, run, name, store_dir)
             ref = CheckpointRef(url=url, samples=samples, steps=trainer.steps, device_time_s=run.elapsed_s, energy_j=run.energy_j)
             s.jobs.set_checkpoint(job_id, device_id, ref)
             last_checkpoint = time.perf_counter()
 
+    def on_switch(switch: ConfigSwitch, run: DeviceTotals) -> None:
+        s.jobs.event(job_id, EventKind.reconfigured, switch.line().strip(), device_id)
+        if switch.cause in ("pause", "resume"):
+            waiting = f"paused: {switch.note}" if switch.cause == "pause" else None
+            s.jobs.update_part(job_id, device_id, {"waiting": waiting}, PartState.finetuning)
+        if run.history:
+            report_progress(trainer.samples, run.history[-1][1], run)
+
+    def while_paused() -> None:
+        if s.jobs.cancelled(job_id):
+            raise Cancelled(trainer.samples)
+
+    control = _adaptive_control(request, device, trainer, on_switch, while_paused)
     device.set_frequency(f)
     try:
         outcome, totals = train_to_accuracy(
             trainer, request.target_accuracy, request.eval_every_samples, request.max_samples, request.seed, device,
-            on_evaluation, totals,
+            on_evaluation, totals, control,
         )  # fmt: skip
     finally:
         device.restore()
@@ -226,7 +248,31 @@ def _finetune(request: FinetuneRequest) -> RunReport:
         attempts=log.attempts,
         lost_device_time_s=log.lost_device_time_s,
         lost_energy_j=log.lost_energy_j,
+        switches=control.switches if control else [],
+        paused_s=control.paused_s if control else 0.0,
+        guard=control.guard.report if control else PowerGuardReport(peak_power_w=totals.peak_power_w),
     )
+
+
+def _adaptive_control(request: FinetuneRequest, device: Device, trainer: Trainer, on_switch: Switched,
+                      while_paused: Callable[[], None]) -> AdaptiveControl | None:  # fmt: skip
+    """The control that follows the device's cap with the job's strategy, or None (with an
+    event saying so) when the job's table or vector is no longer stored."""
+    s = store()
+    record = s.jobs.record(request.job_id)
+    assert record is not None, "a fine-tune's job is stored"
+    target = next(t for t in record.spec.devices if t.device_id == request.device_id)
+    tid, vkey = resource_ids(record.spec, device.device_type)
+    table, vector = s.resources.table(tid), s.resources.vector(vkey)
+    if table is None or vector is None:
+        s.jobs.event(request.job_id, EventKind.reconfigured, "the lookup table or relation vector is gone: cap changes are "
+                     "not followed", request.device_id)  # fmt: skip
+        return None
+    caps = CapFollower(target, lambda: s.fleet.power_cap(request.device_id))
+    return AdaptiveControl(
+        device, trainer, request.lr, table, strategy_for(record.spec, target, vector), caps, target.cap_at(0.0), request.frequency_hz,
+        on_switch=on_switch, while_paused=while_paused,
+    )  # fmt: skip
 
 
 def on_lost_child(sender: Task | None = None, task_id: str = "", exception: BaseException | None = None,

@@ -18,6 +18,7 @@ from .cli_args import (
     connection_options,
     device_id,
     power_cap,
+    power_cap_or_none,
     redacted,
     settings_from,
     warn_secret_on_command_line,
@@ -148,6 +149,14 @@ def cmd_requeue(args: argparse.Namespace) -> int:
         print(f"edgetrain: {exc}", file=sys.stderr)
         return ExitCode.usage
     note(f"job {args.job_id}: {args.device_id} re-queued")
+    return ExitCode.ok
+
+
+def cmd_cap(args: argparse.Namespace) -> int:
+    """`edgetrain cap DEVICE_ID WATTS|none`."""
+    cap = _client(args).set_power_cap(args.device_id, args.watts)
+    watts = "no cap" if cap.power_cap_w is None else f"{cap.power_cap_w:g} W"
+    print_json(cap) if args.json else note(f"{args.device_id}: power cap {watts}; a running fine-tune follows it at its next step")
     return ExitCode.ok
 
 
@@ -317,6 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job_id")
     p.add_argument("device_id", type=device_id)
     p.set_defaults(func=cmd_requeue)
+
+    p = sub.add_parser("cap", help="set a device's power cap: a running fine-tune re-selects for it", parents=conn)
+    p.add_argument("device_id", type=device_id)
+    p.add_argument("watts", type=power_cap_or_none, help="board power cap in W, or 'none' (also 'null') for no cap")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_cap)
 
     p = sub.add_parser("vector", help="show a relation vector (the JSON `edgetrain select --vector` reads)")
     vector_sub = p.add_subparsers(dest="vector_command", required=True)

@@ -60,6 +60,11 @@ def power_cap(text: str) -> float:
     return value
 
 
+def power_cap_or_none(text: str) -> float | None:
+    """An argparse type: a board power cap in watts, or 'none'/'null' for no cap."""
+    return None if text.strip().lower() in ("none", "null") else power_cap(text)
+
+
 def redacted(url: str) -> str:
     """`url` with its password replaced by ***, to be shown to people."""
     parsed = urlparse(url)

@@ -62,6 +62,15 @@ def _achieved(d: DeviceReport) -> list[str]:
     if run.attempts > 1:
         lines.append(f"              {run.attempts} attempts: the lost ones cost {_fmt(run.lost_device_time_s, 's')} "
                      f"and {_fmt(run.lost_energy_j, 'J')} more")  # fmt: skip
+    guard = run.guard
+    if guard.step_downs or guard.over_cap_s:
+        lines.append(f"              power guard: {guard.step_downs} step-down(s), {guard.step_ups} back up; "
+                     f"{_fmt(guard.over_cap_s, 's')} over the cap, highest reading {_fmt(guard.peak_power_w, 'W')}")  # fmt: skip
+    if run.paused_s:
+        lines.append(f"              paused {_fmt(run.paused_s, 's')} at idle clocks: no configuration met the cap")
+    if run.switches:
+        lines.append("  switches  : (device time, cause, cap: old -> new)")
+        lines += [f"              {switch.line()}" for switch in run.switches]
     return lines
 
 

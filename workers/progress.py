@@ -28,6 +28,9 @@ def part_line(status: JobStatus, device_id: str) -> str:
     if (progress := status.progress.get(device_id)) and part.state in (PartState.finetuning, PartState.completed):
         text += (f"  samples {progress.samples}/{progress.max_samples}  accuracy {progress.accuracy:.3f}"
                  f" (target {progress.target_accuracy})")  # fmt: skip
+        if progress.batch_size and progress.frequency_hz and part.state == PartState.finetuning:
+            cap = "no cap" if progress.power_cap_w is None else f"cap {progress.power_cap_w:g} W"
+            text += f"  now b={progress.batch_size} f={progress.frequency_hz / 1e6:g} MHz, {cap}"
     if part.state == PartState.failed:
         text += f": {part.reason}"
     if part.waiting:

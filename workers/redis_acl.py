@@ -3,8 +3,8 @@
 - `worker`: the control, server and device workers (and operators' commands such as
   `edgetrain profile`): every key and channel, no administration command (CONFIG, ACL,
   SHUTDOWN, FLUSHALL, DEBUG, MODULE, KEYS, ...).
-- `submitter`: the client (`edgetrain submit`, `status`, `fleet`, `EdgeTrainClient`): writes
-  job records (and which jobs wait on which device), reads the worker registry, and pushes
+- `submitter`: the client (`edgetrain submit`, `status`, `fleet`, `cap`, `EdgeTrainClient`): writes
+  job records (and which jobs wait on which device) and the power caps set on devices, reads the worker registry, and pushes
   onto the `control` and `server` queues only (it cannot read or take
   tasks from them, nor push onto a device's queue), reads the fleet, vectors, tables, failures,
   pre-trained weights and task results.
@@ -36,7 +36,7 @@ def role_rules(prefix: str = DEFAULT_PREFIX) -> dict[str, str]:
     return {
         "worker": f"~* &* {commands}",
         "submitter": " ".join([
-            f"~{p}:job:* ~{p}:jobs ~{p}:fleet:jobs:* %R~{p}:fleet:* %R~{p}:vector:* %R~{p}:table:* %R~{p}:failed:*",
+            f"~{p}:job:* ~{p}:jobs ~{p}:fleet:jobs:* ~{p}:fleet:cap:* %R~{p}:fleet:* %R~{p}:vector:* %R~{p}:table:* %R~{p}:failed:*",
             f"%R~{p}:worker* %R~{p}:pretrained:*",
             "%R~control* %W~control %R~server* %W~server ~_kombu.binding*.control ~_kombu.binding*.server",
             "%R~celery-task-meta-* &celery-task-meta-* &/*.celeryev/*",

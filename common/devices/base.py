@@ -105,5 +105,9 @@ class Device(Protocol):
     def run_steps(self, step: Callable[[], None], batch_size: int, steps: int) -> Measurement:
         """Run `step` `steps` times and measure time, energy, peak power and the clock."""
 
+    def idle(self, seconds: float) -> Measurement:
+        """Hold the GPU idle for `seconds` (s) at the current setting and measure it (a
+        measured region of no steps): the time a fine-tune waits for a cap it can meet."""
+
     def restore(self) -> None:
         """Put the original settings (clocks, power limit) back."""

@@ -165,3 +165,8 @@ def measure_steps(step: Callable[[], None], batch_size: int, steps: int, read_po
         energy, mean = stats.mean_w * elapsed, stats.mean_w
     return Measurement(steps=steps, batch_size=batch_size, elapsed_s=elapsed, energy_j=energy,
                        peak_power_w=stats.peak_w, mean_power_w=mean, simulated=False, clock=stats.clock)
+
+
+def measure_idle(seconds: float, read_power_w: Callable[[], float], rate_hz: float = DEFAULT_RATE_HZ) -> Measurement:
+    """Wait `seconds` (s) sampling board power: a measured region of no steps."""
+    return replace(measure_steps(lambda: time.sleep(seconds), 0, 1, read_power_w, rate_hz), steps=0)

@@ -6,6 +6,7 @@ device time and board power come from the twin's model of the board for that wor
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 
 from ..control_axis import ClockObservation, ControlAxis
@@ -14,6 +15,8 @@ from .step_model import MODEL_VERSION, StepModel
 from .twin_spec import TwinSpec, load_twin
 
 __all__ = ["SimulatedDevice", "load_twin"]
+
+IDLE_SPEED_UP = 20.0  # a twin's idle time passes this many times faster than real time
 
 
 class SimulatedDevice:
@@ -29,6 +32,7 @@ class SimulatedDevice:
         self._frequency_hz = spec.frequencies_hz[-1]
         self._model: StepModel | None = None
         self._rng = random.Random(seed)
+        self._steps = 0  # steps since the workload was bound (for the power drift)
 
     @property
     def frequencies_hz(self) -> list[int]:
@@ -62,6 +66,7 @@ class SimulatedDevice:
 
     def bind_workload(self, workload: Workload) -> None:
         self._model = StepModel(self.spec, workload)
+        self._steps = 0
 
     def fits(self, batch_size: int) -> bool:
         return self._step_model().memory_bytes(batch_size) <= self.spec.memory_bytes
@@ -74,6 +79,9 @@ class SimulatedDevice:
             step()
             t, p_peak, p_mean = self._step_model().step(batch_size, self._frequency_hz)
             t *= max(0.5, 1.0 + self._rng.gauss(0.0, self.spec.noise.time_rel_std))
+            drift = self._drift()
+            p_peak, p_mean = p_peak * drift, p_mean * drift
+            self._steps += 1
             elapsed += t
             energy += t * p_mean
             peak = max(peak, self._sensor(p_peak))
@@ -89,8 +97,24 @@ class SimulatedDevice:
             clock=ClockObservation(mean_hz=f, min_hz=f, max_hz=f, samples=steps),
         )
 
+    def idle(self, seconds: float) -> Measurement:
+        """Idle power for `seconds` of the twin's clock, which passes IDLE_SPEED_UP times
+        faster than real time (a worker waiting for a cap does not spin)."""
+        time.sleep(seconds / IDLE_SPEED_UP)
+        power = self._sensor(self.spec.idle_power_w)
+        f = self._frequency_hz
+        return Measurement(
+            steps=0, batch_size=0, elapsed_s=seconds, energy_j=seconds * self.spec.idle_power_w, peak_power_w=power,
+            mean_power_w=self.spec.idle_power_w, simulated=True,
+            clock=ClockObservation(mean_hz=f, min_hz=f, max_hz=f, samples=1),
+        )  # fmt: skip
+
     def restore(self) -> None:
         self._frequency_hz = self.spec.frequencies_hz[-1]
+
+    def _drift(self) -> float:
+        drift = self.spec.power_drift
+        return drift.factor if drift is not None and self._steps >= drift.after_steps else 1.0
 
     def _step_model(self) -> StepModel:
         if self._model is None:

@@ -25,6 +25,17 @@ class NoiseSpec(BaseModel):
     power_resolution_w: float = Field(0.1, ge=0, description="sensor resolution (W); 0 = exact")
 
 
+class PowerDrift(BaseModel):
+    """A board that draws more than its spec after a while (heat, another process): from the
+    `after_steps`-th training step since a workload was bound, every power reading and the
+    energy are `factor` times the model's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    after_steps: int = Field(ge=0)
+    factor: float = Field(gt=0)
+
+
 class PowerMode(BaseModel):
     """An nvpmodel power mode of the board: its name, the GPU clock cap it writes (Hz; the
     GPU runs at the highest listed frequency not above it) and the module power budget it
@@ -64,6 +75,7 @@ class TwinSpec(BaseModel):
     memory_bytes: int = Field(gt=0)
     reserved_memory_bytes: int = Field(ge=0, description="OS and CUDA context (bytes)")
     noise: NoiseSpec = Field(default_factory=NoiseSpec)
+    power_drift: PowerDrift | None = Field(None, description="inject a power drift (to exercise the power guard)")
 
     @model_validator(mode="after")
     def _check(self) -> TwinSpec:
@@ -90,7 +102,8 @@ class TwinSpec(BaseModel):
     def version(self, model_version: str) -> str:
         """A short digest of the spec and of the step model's version: tables made with
         another spec or model are not reused."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True) + model_version
+        spec = self.model_dump(mode="json", exclude={"power_drift"} if self.power_drift is None else None)
+        canonical = json.dumps(spec, sort_keys=True) + model_version
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 

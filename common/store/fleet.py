@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import redis
 
 from ..keys import Keys
-from ..schemas import DeviceInfo, utc_now
+from ..schemas import DeviceCap, DeviceInfo, utc_now
 from .connection import text, texts
 
 # Set the owner of a device id if it is free, already ours, or the stale owner we replace;
@@ -101,3 +101,22 @@ class FleetRegistry:
         """Devices whose last heartbeat is older than `seconds_ago` (Redis time)."""
         now, _ = self._redis.time()
         return sorted(texts(self._redis.zrangebyscore(self._keys.fleet_seen(), "-inf", now - seconds_ago)))
+
+    def set_power_cap(self, device_id: str, power_cap_w: float | None) -> DeviceCap:
+        """Set the board power cap (W; None = no cap) that fine-tunes running on `device_id`
+        follow from their next step; returns it with its version."""
+        key = self._keys.device_cap(device_id)
+        at = utc_now()
+        with self._redis.pipeline() as p:
+            p.hincrby(key, "version", 1)
+            p.hset(key, mapping={"power_cap_w": "" if power_cap_w is None else repr(power_cap_w), "set_at": at.isoformat()})
+            version, _ = p.execute()
+        return DeviceCap(power_cap_w=power_cap_w, version=version, set_at=at)
+
+    def power_cap(self, device_id: str) -> DeviceCap | None:
+        """The cap last set on `device_id`, None when none was ever set."""
+        raw = self._redis.hgetall(self._keys.device_cap(device_id))
+        if not raw:
+            return None
+        cap = raw["power_cap_w"]
+        return DeviceCap(power_cap_w=float(cap) if cap else None, version=int(raw["version"]), set_at=raw["set_at"])

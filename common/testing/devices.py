@@ -47,5 +47,8 @@ class RecordedDevice:
         per_step = time_s * batch_size / self.table.samples
         return Measurement(steps, batch_size, per_step * steps, per_step * steps * power_w, power_w, power_w, True)
 
+    def idle(self, seconds: float) -> Measurement:
+        return Measurement(0, 0, seconds, 0.0, 0.0, 0.0, True)
+
     def restore(self) -> None:
         self.frequency_hz = None

@@ -8,10 +8,10 @@ import pytest
 from edgetrain.common.control_axis import ControlAxis
 from edgetrain.common.jobs import DevicePart, PartState
 from edgetrain.common.keys import table_id, vector_key
-from edgetrain.common.planner import Fail, FineTune, PartView, Prepare, Wait, plan
+from edgetrain.common.planner import Fail, FineTune, PartView, Prepare, Wait, plan, strategy_for
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, JobSpec, RelationVector, utc_now
-from edgetrain.common.selection import lowest_feasible_cap_w
+from edgetrain.common.selection import Energy, Robust, TimeWithinEnergyBudget, ZeusCost, lowest_feasible_cap_w
 from edgetrain.common.testing.tables import B, F, brute_force, random_monotone_table
 
 SOFTWARE = {"edgetrain": "1", "torch": "2"}
@@ -211,3 +211,36 @@ def test_a_fixed_configuration_must_name_one_of_the_jobs_batch_sizes() -> None:
         fixed_spec(256, 200)
     with pytest.raises(ValueError, match="frequency_hz"):
         fixed_spec(32, 0)
+
+
+@pytest.mark.parametrize(
+    ("objective", "strategy"),
+    [(None, Robust), ("time", Robust), ("energy", Energy), ({"name": "zeus", "eta": 0.3}, ZeusCost),
+     ({"name": "time_within_energy_budget", "energy_budget_j": 50}, TimeWithinEnergyBudget)],
+)  # fmt: skip
+def test_the_job_objective_chooses_the_strategy(objective, strategy) -> None:
+    job = spec(**({} if objective is None else {"objective": objective}))
+    chosen = strategy_for(job, job.devices[0], vector())
+    assert type(chosen) is strategy
+    if strategy is ZeusCost:
+        assert chosen.eta == 0.3
+
+
+def test_an_energy_job_is_planned_with_the_energy_argmin_under_its_first_scheduled_cap() -> None:
+    energy = [[None if t is None else t * (1 + j / 3) for j, t in enumerate(row)] for row in table().time_s]
+    job = JobSpec.model_validate(quick_job([{"device_id": "d1", "power_cap_w": 50.0, "power_cap_schedule": [[0, 6.0]]}],
+                                           batch_sizes=B, objective="energy"))  # fmt: skip
+    decision = plan(view(job, table=table(energy_j=energy)))
+    assert isinstance(decision, FineTune)
+    assert decision.selection == Energy(vector()).choose(table(energy_j=energy), 6.0)
+    assert decision.selection.peak_power_w <= 6.0
+
+
+@pytest.mark.parametrize(
+    ("objective", "field"),
+    [({"name": "time_within_energy_budget"}, "energy_budget_j"), ({"name": "energy", "energy_budget_j": 3}, "energy_budget_j"),
+     ("watts", "objective.name"), ({"name": "zeus", "eta": 2}, "objective.eta")],
+)  # fmt: skip
+def test_bad_objectives_are_refused_naming_the_field(objective, field) -> None:
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        spec(objective=objective)

@@ -9,11 +9,14 @@ from edgetrain.common.schemas import ProfileTable, RelationVector
 from edgetrain.common.selection import (
     Baseline1,
     Baseline2,
+    Energy,
     Equation4,
     InfeasibleCapError,
     Oracle,
     Robust,
     SelectionError,
+    TimeWithinEnergyBudget,
+    ZeusCost,
     highest_feasible_index,
     lowest_feasible_cap_w,
 )
@@ -228,3 +231,72 @@ def test_robust_chooses_equation4_only_beyond_the_uncertainty_else_the_largest_b
         else:
             assert (got.batch_size, got.frequency_hz) == (plain.batch_size, plain.frequency_hz)
             assert pessimistic < estimate_ref
+
+
+# --------------------------------------------------------------------------- other objectives
+
+# b=32 at 300 Hz is the fastest under 5 W, b=32 at 100 Hz the least energy: not the same f.
+OBJECTIVE_TABLE = ProfileTable(
+    batch_sizes=[8, 32], frequencies_hz=[100, 200, 300], samples=1000,
+    time_s=[[3.0, 2.0, 1.5], [2.5, 1.2, 1.0]], peak_power_w=[[2.0, 3.0, 4.0], [3.0, 4.0, 5.0]],
+    energy_j=[[5.0, 5.5, 6.0], [4.0, 4.4, 5.0]], max_batch_size=32,
+)  # fmt: skip
+OBJECTIVE_VECTOR = RelationVector(batch_sizes=[8, 32], ratios=[1.5, 1.0], samples_mean=[1500.0, 1000.0])
+
+
+def picked(strategy, cap: float | None) -> tuple[int, int]:
+    choice = strategy.choose(OBJECTIVE_TABLE, cap)
+    return choice.batch_size, choice.frequency_hz
+
+
+def test_energy_objective_picks_the_energy_argmin_not_the_highest_frequency_under_the_cap() -> None:
+    assert picked(Equation4(OBJECTIVE_VECTOR), 5.0) == (32, 300)
+    assert picked(Energy(OBJECTIVE_VECTOR), 5.0) == (32, 100)
+    assert Energy(OBJECTIVE_VECTOR).choose(OBJECTIVE_TABLE, 5.0).estimated_energy_j == 4.0
+    assert picked(Energy(OBJECTIVE_VECTOR), 2.5) == (8, 100)  # the only point under 2.5 W
+    with pytest.raises(InfeasibleCapError):
+        Energy(OBJECTIVE_VECTOR).choose(OBJECTIVE_TABLE, 1.0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_energy_objective_matches_a_brute_force_argmin_on_random_tables(seed: int) -> None:
+    rng = random.Random(seed)
+    table = random_monotone_table(rng, holes=0.1)
+    energy = [[None if t is None else t * rng.uniform(1, 4) for t in row] for row in table.time_s]
+    table = table.model_copy(update={"energy_j": energy})
+    vector = RelationVector(batch_sizes=table.batch_sizes, ratios=[rng.uniform(0.5, 3) for _ in table.batch_sizes])
+    cap = rng.uniform(3, 12)
+    points = [
+        (e * vector.ratio(b), b, f)
+        for i, b in enumerate(table.batch_sizes)
+        for j, (f, e, p) in enumerate(zip(table.frequencies_hz, energy[i], table.peak_power_w[i]))
+        if e is not None and p is not None and p <= cap
+    ]
+    if not points:
+        with pytest.raises(InfeasibleCapError):
+            Energy(vector).choose(table, cap)
+        return
+    best = min(points)
+    choice = Energy(vector).choose(table, cap)
+    assert choice.estimated_energy_j == pytest.approx(best[0]) and (choice.batch_size, choice.frequency_hz) == best[1:]
+
+
+def test_zeus_cost_runs_from_the_fastest_to_the_least_energy_with_eta() -> None:
+    assert picked(ZeusCost(OBJECTIVE_VECTOR, eta=0.0), 5.0) == picked(Equation4(OBJECTIVE_VECTOR), 5.0)
+    assert picked(ZeusCost(OBJECTIVE_VECTOR, eta=1.0), 5.0) == picked(Energy(OBJECTIVE_VECTOR), 5.0)
+    # eta = 0.5, max power 5 W: b=32 costs 0.5 * (4.0 + 12.5), (4.4 + 6), (5.0 + 5): 300 Hz wins
+    assert picked(ZeusCost(OBJECTIVE_VECTOR, eta=0.5), 5.0) == (32, 300)
+    assert picked(ZeusCost(OBJECTIVE_VECTOR, eta=0.9), 5.0) == (32, 200)  # 0.9 * 4.4 + 0.1 * 6 is the least
+
+
+def test_fastest_within_an_energy_budget_and_a_budget_nothing_meets() -> None:
+    # energy to accuracy E * N_b / N_s: b=32 at 300/200/100 Hz takes 5.0/4.4/4.0 J
+    assert picked(TimeWithinEnergyBudget(OBJECTIVE_VECTOR, 10.0), 5.0) == (32, 300)
+    assert picked(TimeWithinEnergyBudget(OBJECTIVE_VECTOR, 4.5), 5.0) == (32, 200)
+    with pytest.raises(SelectionError, match=r"objective.energy_budget_j: .* within 3 J; the least estimated energy is 4 J"):
+        TimeWithinEnergyBudget(OBJECTIVE_VECTOR, 3.0).choose(OBJECTIVE_TABLE, 5.0)
+
+
+def test_energy_objectives_need_the_table_energy() -> None:
+    with pytest.raises(SelectionError, match="objective 'energy' needs the energy"):
+        Energy(OBJECTIVE_VECTOR).choose(OBJECTIVE_TABLE.model_copy(update={"energy_j": None}), 5.0)

@@ -11,7 +11,7 @@ import pytest
 from edgetrain.common.jobs import EventKind, FinetuneProgress, JobState, PartState
 from edgetrain.common.presets import quick_job
 from edgetrain.common.reports import JobReport
-from edgetrain.common.schemas import JobSpec, RunReport, Selection
+from edgetrain.common.schemas import ConfigSwitch, JobSpec, PowerGuardReport, RunReport, Selection
 from edgetrain.common.store import WorkerInfo
 from edgetrain.tasks.client import EdgeTrainClient, JobSpecError, validate_job
 from edgetrain.workers.cli import main
@@ -178,3 +178,36 @@ def test_the_client_and_the_control_worker_do_not_import_pytorch(redis_server) -
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_cap_sets_the_device_cap_in_the_store_and_none_lifts_it(store, redis_server, capsys) -> None:
+    assert main(["cap", "nano-1", "3.5", "--redis-url", redis_server.url]) == ExitCode.ok
+    assert "nano-1: power cap 3.5 W" in capsys.readouterr().err
+    first = store.fleet.power_cap("nano-1")
+    assert first.power_cap_w == 3.5 and first.version == 1
+    assert main(["cap", "nano-1", "none", "--redis-url", redis_server.url, "--json"]) == ExitCode.ok
+    assert json.loads(capsys.readouterr().out)["power_cap_w"] is None
+    assert store.fleet.power_cap("nano-1").version == 2
+    with pytest.raises(ValueError, match="power_cap_w: -1 is not allowed"):
+        EdgeTrainClient(redis_server.url).set_power_cap("nano-1", -1)
+    done = subprocess.run([*CLI, "cap", "nano-1", "0", "--redis-url", redis_server.url], capture_output=True, text=True, timeout=120)
+    assert done.returncode == ExitCode.usage and "a power cap is a finite number of watts above 0" in done.stderr
+
+
+def test_the_report_lists_switches_pauses_and_the_power_guard(store) -> None:
+    switches = [
+        ConfigSwitch(device_time_s=40.0, samples=2048, cause="cap", power_cap_w=3.5, old_batch_size=64,
+                     old_frequency_hz=921_600_000, new_batch_size=32, new_frequency_hz=614_400_000),
+        ConfigSwitch(device_time_s=60.0, samples=3072, cause="pause", power_cap_w=1.0, old_batch_size=32,
+                     old_frequency_hz=614_400_000, new_batch_size=None, new_frequency_hz=None, note="power cap 1.00 W is below"),
+    ]  # fmt: skip
+    guard = PowerGuardReport(step_downs=2, step_ups=1, over_cap_s=0.12, peak_power_w=3.9, peak_over_cap_w=3.9)
+    job_in(store, "j1", PartState.completed)
+    store.jobs.update_part("j1", "nano-1", {"report": report().model_copy(update={"switches": switches, "guard": guard, "paused_s": 30.0})})
+    device = JobReport.from_status(store.jobs.status("j1")).devices[0]
+    text = format_report(JobReport.from_status(store.jobs.status("j1")))
+    assert device.over_cap  # the guard saw readings over the cap in force
+    assert "power guard: 2 step-down(s), 1 back up; 0.12 s over the cap" in text
+    assert "paused 30 s at idle clocks" in text
+    assert "40.0 s  cap    cap 3.5 W: b=64 f=921.6 MHz -> b=32 f=614.4 MHz" in text
+    assert "pause  cap 1 W: b=32 f=614.4 MHz -> paused (power cap 1.00 W is below)" in text

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ...control_axis import ControlAxis
 from ..base import DeviceError, DevicePermissionError, Measurement, Workload
-from ..power_sampler import DEFAULT_RATE_HZ, measure_steps
+from ..power_sampler import DEFAULT_RATE_HZ, measure_idle, measure_steps
 from .family import board_family
 from .sysfs import (
     INA3221_NAMES,
@@ -104,6 +104,9 @@ class JetsonDevice:
         cap can hold the GPU below the pinned clock)."""
         return measure_steps(step, batch_size, steps, self.read_power_w, self._sample_rate_hz,
                              read_clock_hz=self.current_frequency)
+
+    def idle(self, seconds: float) -> Measurement:
+        return measure_idle(seconds, self.read_power_w, self._sample_rate_hz)
 
     def restore(self) -> None:
         """Put min_freq, max_freq and governor back as they were when the device was opened;

@@ -21,7 +21,7 @@ from typing import Any
 
 from ...control_axis import DRIVER_CHOICE, ControlAxis
 from ..base import DeviceError, DevicePermissionError, Measurement, Workload
-from ..power_sampler import DEFAULT_RATE_HZ, measure_steps
+from ..power_sampler import DEFAULT_RATE_HZ, measure_idle, measure_steps
 from .api import MHZ, Nvml, text
 
 DEFAULT_POWER_LIMIT_STEP_W = 25.0  # as zeus's power-limit optimiser steps
@@ -121,6 +121,9 @@ class NvmlDevice:
         energy = self._energy_j if self._has_energy_counter else None
         return measure_steps(step, batch_size, steps, self.read_power_w, self._sample_rate_hz, read_energy_j=energy,
                              read_clock_hz=self.current_frequency)
+
+    def idle(self, seconds: float) -> Measurement:
+        return measure_idle(seconds, self.read_power_w, self._sample_rate_hz)
 
     def restore(self) -> None:
         """Reset locked clocks and put the power limit found at start back. With clock control
