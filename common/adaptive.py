@@ -3,9 +3,12 @@ controller that re-selects (b, f) at step boundaries.
 
 - `CapFollower`: the cap in force at a device time: the job's schedule for the device,
   unless a cap set on the device (`DeviceCap`) is newer than the schedule's current step.
-- `PowerGuard`: a measured peak over the cap steps the frequency down one level at once; it
+- `PowerGuard`: a measured peak over the cap steps the frequency down at once, as far as the
+  reading's ratio to the table says it must; it
   goes back up after `recover_s` of device time with every reading `margin` under the cap,
   when the level above, at the drift the readings show against the table, meets the cap.
+  Over the cap at the lowest frequency, the controller selects again with the table's peaks
+  scaled by the drift just measured: a smaller batch, or a pause.
 - `AdaptiveControl`: the step control of `train_to_accuracy`. On a new cap it re-selects with
   the job's strategy from the lookup table, re-pins the frequency and changes the batch size
   (learning rate rescaled, weights and optimizer state kept); a cap no configuration meets
@@ -37,7 +40,7 @@ from .schemas import (
 from .selection import SelectionError, Strategy
 from .training import DeviceTotals, Trainer, set_batch_size
 
-PAUSE_SLICE_S = 1.0  # device time between two looks at the cap while paused (s)
+PAUSE_SLICE_S = 1.0  # device time between two looks at the cap while paused, at most (s); a schedule's step ends a slice
 
 
 class CapFollower:
@@ -74,7 +77,8 @@ class PowerGuard:
     """Watches each measured region's peak power (W) against the cap in force.
 
     `observe` returns the frequency level (index into the table's frequencies) to run next:
-    one below on a reading over the cap; one above (never past `ceiling`, the selected level)
+    on a reading over the cap, the highest lower level whose table peak, scaled as that
+    reading is to the table, meets the cap (else the lowest); one above (never past `ceiling`, the selected level)
     after `recover_s` seconds of device time whose readings were all at least `margin` (a
     fraction) under the cap, when the table's peak at that level times the drift (the median
     ratio of the last `window` readings to the table's peak where they ran) meets the cap."""
@@ -107,7 +111,9 @@ class PowerGuard:
             self._calm_s = 0.0
             if level > 0:
                 r.step_downs += 1
-                return level - 1
+                ratio = m.peak_power_w / table_w if table_w else 1.0
+                fits = [k for k in range(level) if (p := row[k]) is not None and p * ratio <= cap_w]
+                return fits[-1] if fits else 0
             return level
         above = row[level + 1] if level < ceiling else None
         if above is None or m.peak_power_w > cap_w * (1 - self.margin) or above * self.drift() > cap_w:
@@ -146,6 +152,7 @@ class AdaptiveControl:
         self.level = self.ceiling = table.frequencies_hz.index(frequency_hz)
         self.paused: str | None = None
         self.paused_s = 0.0
+        self.drift_seen = 1.0  # the largest drift that put the lowest frequency of a batch size over the cap
         self.switches: list[ConfigSwitch] = []
 
     @property
@@ -162,7 +169,8 @@ class AdaptiveControl:
         while self.paused:
             if self.while_paused:
                 self.while_paused()
-            m = self.device.idle(PAUSE_SLICE_S)
+            next_change_s = self.caps.target.next_change_s(run.elapsed_s)
+            m = self.device.idle(PAUSE_SLICE_S if next_change_s is None else min(PAUSE_SLICE_S, next_change_s - run.elapsed_s))
             run.add(m)
             self.paused_s += m.elapsed_s
             if self.trace is not None:
@@ -177,6 +185,12 @@ class AdaptiveControl:
             self.trace.append((run.elapsed_s, self.cap_w, m.peak_power_w, self.frequency_hz, self.trainer.batch_size))
         row = self.table.peak_power_w[self.table.batch_sizes.index(self.trainer.batch_size)]
         level = self.guard.observe(m, self.cap_w, row, self.level, self.ceiling)
+        over = self.cap_w is not None and m.peak_power_w > self.cap_w
+        if over and level == self.level and (table_w := row[level]):
+            # over the cap at the lowest frequency: this batch size cannot meet it at the drift just measured
+            self.drift_seen = max(self.drift_seen, m.peak_power_w / table_w)
+            self._select(run, "guard")
+            return
         if level != self.level:
             b = self.trainer.batch_size
             note = f"measured {m.peak_power_w:.2f} W" + (" over the cap" if level < self.level else "; margin held")
@@ -184,10 +198,12 @@ class AdaptiveControl:
             self.level = level
             self.device.set_frequency(self.frequency_hz)
 
-    def _select(self, run: DeviceTotals) -> None:
-        """Select for `cap_w` and apply it; pause when nothing can be selected."""
+    def _select(self, run: DeviceTotals, cause: Cause = "cap") -> None:
+        """Select for `cap_w` with the table's peaks scaled by the drift (the guard's, or the
+        largest that forced a selection, whichever is more) and apply it; pause when nothing can
+        be selected."""
         before = None if self.paused else (self.trainer.batch_size, self.frequency_hz)
-        drift = self.guard.drift()
+        drift = max(self.guard.drift(), self.drift_seen)
         try:
             choice = self.strategy.choose(self._table_for(self.cap_w), _derated(self.cap_w, drift))
         except SelectionError as exc:
@@ -196,7 +212,7 @@ class AdaptiveControl:
                 self.device.set_frequency(self.table.frequencies_hz[0])
                 self._switch(run, "pause", before, None, self.paused)
             return
-        cause: Cause = "resume" if self.paused else "cap"
+        cause = "resume" if self.paused else cause
         self.paused = None
         set_batch_size(self.trainer, self.policy, choice.batch_size)
         self.level = self.ceiling = self.table.frequencies_hz.index(choice.frequency_hz)

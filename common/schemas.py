@@ -128,6 +128,10 @@ class DeviceTarget(Strict):
             cap = step_cap
         return cap
 
+    def next_change_s(self, device_time_s: float) -> float | None:
+        """When the schedule's next step after `device_time_s` begins (s of device time); None: no more."""
+        return next((start_s for start_s, _ in self.power_cap_schedule or [] if start_s > device_time_s), None)
+
     def schedule_step(self, device_time_s: float) -> int:
         """How many steps of the schedule have begun by `device_time_s` (0: power_cap_w holds)."""
         return sum(start_s <= device_time_s for start_s, _ in self.power_cap_schedule or [])

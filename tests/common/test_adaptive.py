@@ -118,16 +118,16 @@ def linear_task(seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
 
 
 def adaptive_run(target: DeviceTarget, device: RecordedDevice, table: ProfileTable = TABLE, max_samples: int = 3000,
-                 caps: list[DeviceCap] | None = None, guard: PowerGuard | None = None):  # fmt: skip
+                 caps: list[DeviceCap] | None = None, guard: PowerGuard | None = None, vector: RelationVector = VECTOR):  # fmt: skip
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
-    choice = Equation4(VECTOR).choose(table, target.cap_at(0))
+    choice = Equation4(vector).choose(table, target.cap_at(0))
     train, test = linear_task()
     trainer = Trainer(model, make_optimizer(model, POLICY, choice.batch_size), choice.batch_size, train, test, seed=0,
                       device=torch.device("cpu"))  # fmt: skip
     device.set_frequency(choice.frequency_hz)
     follower = CapFollower(target, lambda: caps[-1] if caps else None, poll_s=0.0)
-    control = AdaptiveControl(device, trainer, POLICY, table, Equation4(VECTOR), follower, target.cap_at(0),
+    control = AdaptiveControl(device, trainer, POLICY, table, Equation4(vector), follower, target.cap_at(0),
                               choice.frequency_hz, guard=guard, trace=[])  # fmt: skip
     outcome, totals = train_to_accuracy(trainer, 0.999, 256, max_samples, 0, device, control=control)
     return control, trainer, totals
@@ -160,7 +160,8 @@ def test_a_cap_below_every_configuration_pauses_at_idle_clocks_and_resumes_when_
     assert "power cap 1.00 W is below what any configuration needs" in pause.note and pause.new_batch_size is None
     assert resume.power_cap_w == 4.0 and (resume.new_batch_size, resume.new_frequency_hz) == (32, 200)
     assert resume.samples == pause.samples  # nothing trained, nothing lost while paused
-    assert control.paused_s == pytest.approx(3.0) and resume.device_time_s >= 3.0
+    # idle from the pause to the schedule's step at 3 s, not a slice later
+    assert control.paused_s == pytest.approx(3.0 - pause.device_time_s) and resume.device_time_s == pytest.approx(3.0)
     paused = [f for t, c, _, f, b in control.trace if c == 1.0]
     assert paused and set(paused) == {100}  # the lowest frequency while paused
     assert control.paused is None and trainer.samples > resume.samples
@@ -192,3 +193,21 @@ def test_the_guard_steps_down_on_an_injected_drift_and_the_run_goes_on_under_the
     [switch] = control.switches
     assert (switch.cause, switch.old_frequency_hz, switch.new_frequency_hz) == ("guard", 300, 200)
     assert device.frequency_hz == 200 and trainer.samples == 3008
+
+
+def test_over_the_cap_at_the_lowest_frequency_selects_a_smaller_batch_or_pauses() -> None:
+    favour_32 = RelationVector(batch_sizes=[8, 32], ratios=[1.0, 0.5])  # b=32 at 100 Hz (3.0 W) under 3.05 W
+    control, trainer, _ = adaptive_run(DeviceTarget(device_id="d", power_cap_w=3.05), DriftingDevice(TABLE, after=20, factor=1.1),
+                                       vector=favour_32)  # fmt: skip
+    [switch] = control.switches  # 3.3 W measured at the lowest frequency: b=32 cannot meet 3.05 W
+    assert (switch.cause, switch.old_batch_size, switch.new_batch_size, switch.new_frequency_hz) == ("guard", 32, 8, 100)
+    assert "drift x1.10" in switch.note and trainer.batch_size == 8
+    assert all(p <= 3.05 for t, _, p, _, _ in control.trace if t > switch.device_time_s)
+    # under 2.1 W nothing meets the cap at that drift (b=8 at 100 Hz reads 2.2 W): it pauses until the cap rises
+    rising = DeviceTarget(device_id="d", power_cap_w=2.1, power_cap_schedule=[[3.0, 4.0]])
+    paused, trainer, _ = adaptive_run(rising, DriftingDevice(TABLE, after=20, factor=1.1), max_samples=1000)
+    assert [s.cause for s in paused.switches][:2] == ["pause", "resume"]
+    pause, resume = paused.switches[:2]
+    assert "below what any configuration needs" in pause.note and resume.power_cap_w == 4.0
+    over = [(t, p) for t, c, p, _, b in paused.trace if b and c is not None and p > c]
+    assert over == [(pause.device_time_s, pytest.approx(2.2))]  # the one reading that made it pause; none after resuming
