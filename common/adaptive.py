@@ -7,8 +7,9 @@ controller that re-selects (b, f) at step boundaries.
   reading's ratio to the table says it must; it
   goes back up after `recover_s` of device time with every reading `margin` under the cap,
   when the level above, at the drift the readings show against the table, meets the cap.
-  Over the cap at the lowest frequency, the controller selects again with the table's peaks
-  scaled by the drift just measured: a smaller batch, or a pause.
+  When even the lowest frequency would be over the cap at the drift a reading shows, the
+  controller selects again with the table's peaks scaled by that drift: a smaller batch, or a
+  pause.
 - `AdaptiveControl`: the step control of `train_to_accuracy`. On a new cap it re-selects with
   the job's strategy from the lookup table, re-pins the frequency and changes the batch size
   (learning rate rescaled, weights and optimizer state kept); a cap no configuration meets
@@ -152,7 +153,7 @@ class AdaptiveControl:
         self.level = self.ceiling = table.frequencies_hz.index(frequency_hz)
         self.paused: str | None = None
         self.paused_s = 0.0
-        self.drift_seen = 1.0  # the largest drift that put the lowest frequency of a batch size over the cap
+        self.drift_seen = 1.0  # the largest drift that ruled a whole batch size out under the cap
         self.switches: list[ConfigSwitch] = []
 
     @property
@@ -185,12 +186,13 @@ class AdaptiveControl:
             self.trace.append((run.elapsed_s, self.cap_w, m.peak_power_w, self.frequency_hz, self.trainer.batch_size))
         row = self.table.peak_power_w[self.table.batch_sizes.index(self.trainer.batch_size)]
         level = self.guard.observe(m, self.cap_w, row, self.level, self.ceiling)
-        over = self.cap_w is not None and m.peak_power_w > self.cap_w
-        if over and level == self.level and (table_w := row[level]):
-            # over the cap at the lowest frequency: this batch size cannot meet it at the drift just measured
-            self.drift_seen = max(self.drift_seen, m.peak_power_w / table_w)
-            self._select(run, "guard")
-            return
+        if self.cap_w is not None and m.peak_power_w > self.cap_w and (table_w := row[self.level]):
+            ratio = m.peak_power_w / table_w
+            if (lower_w := row[level]) is None or lower_w * ratio > self.cap_w:
+                # even the level the guard steps to is over the cap at this reading's drift: this batch size cannot meet it
+                self.drift_seen = max(self.drift_seen, ratio)
+                self._select(run, "guard")
+                return
         if level != self.level:
             b = self.trainer.batch_size
             note = f"measured {m.peak_power_w:.2f} W" + (" over the cap" if level < self.level else "; margin held")
