@@ -38,13 +38,13 @@ from edgetrain.common.plotting import (
 from edgetrain.common.schemas import ProfileTable
 
 LABELS = {"baseline1": "Baseline 1", "baseline2": "Baseline 2", "equation4": "eq. (4) alone", "edgetrain": "edgetrain",
-          "oracle": "oracle"}  # fmt: skip
+          "energy": "least energy", "oracle": "oracle"}  # fmt: skip
 COLOURS = {"baseline1": "#999999", "baseline2": "#56b4e9", "equation4": "#cc79a7", "edgetrain": "#e69f00",
-           "oracle": "#009e73"}  # Okabe-Ito  # fmt: skip
-MARKERS = {"baseline1": "s", "baseline2": "D", "equation4": "v", "edgetrain": "o", "oracle": "^"}
+           "energy": "#0072b2", "oracle": "#009e73"}  # Okabe-Ito  # fmt: skip
+MARKERS = {"baseline1": "s", "baseline2": "D", "equation4": "v", "edgetrain": "o", "energy": "P", "oracle": "^"}
 # each method's marker in a corner of its cell, clear of the value written in the middle
 CELL_OFFSETS = {"baseline1": (-0.33, 0.28), "baseline2": (0.33, 0.28), "equation4": (0.0, 0.33), "edgetrain": (-0.33, -0.28),
-                "oracle": (0.33, -0.28)}  # fmt: skip
+                "energy": (0.0, -0.33), "oracle": (0.33, -0.28)}  # fmt: skip
 SIMULATED_NOTE = "SIMULATED devices: time, power and energy come from twins"
 PANEL_HEIGHT_IN = 3.4
 

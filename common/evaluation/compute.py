@@ -11,6 +11,8 @@ seeds, scaled the same way. The methods:
 - `equation4`: equation (4) with the proxy's relation vector, as the paper has it;
 - `edgetrain`: `Robust`, equation (4)'s choice only where its gain over the largest batch
   exceeds the uncertainty of the proxy's r_b;
+- `energy`: the energy objective, argmin of E[b][f] * r_b over every (b, f) under the cap,
+  with the proxy's relation vector;
 - `oracle`: equation (4) with the target's own N_b.
 """
 
@@ -20,6 +22,7 @@ from ..schemas import ProfileTable, RelationVector, Selection
 from ..selection import (
     Baseline1,
     Baseline2,
+    Energy,
     Equation4,
     Oracle,
     Robust,
@@ -52,6 +55,7 @@ def strategies(device: DeviceProfile, proxy: RelationVector, target: RelationVec
         "baseline2": Baseline2(proxy, device.power_envelope_w),
         "equation4": Equation4(proxy),
         "edgetrain": Robust(proxy),
+        "energy": Energy(proxy),
         "oracle": Oracle(target),
     }
 

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from ..schemas import ProfileTable, Strict
 
-METHODS = ("baseline1", "baseline2", "equation4", "edgetrain", "oracle")
+METHODS = ("baseline1", "baseline2", "equation4", "edgetrain", "energy", "oracle")
 
 
 class DeviceProfile(Strict):
@@ -55,6 +55,7 @@ class EvaluationRow(Strict):
     baseline2: MethodResult
     equation4: MethodResult
     edgetrain: MethodResult
+    energy: MethodResult
     oracle: MethodResult
     speedup_vs_baseline1: float | None
     speedup_vs_baseline2: float | None

@@ -73,6 +73,7 @@ def test_every_column_on_a_hand_made_table_under_a_cap() -> None:
         # T[b][f*_b] * r: 15 * 0.4 = 6 < 16 * 0.6 = 9.6 < 13 * 1: b=16 at 300 MHz; 15 s * 2.0
         "equation4": (16, 300, 30.0, 1.5, 90.0, 4.5, True),
         "edgetrain": (16, 300, 30.0, 1.5, 90.0, 4.5, True),
+        "energy": (16, 300, 30.0, 1.5, 90.0, 4.5, True),  # E[b][f] * r_b is least there too
         # T[b][f*_b] * N_b(target): 15 * 2000 = 30000, 16 * 1000 = 16000, 13 * 1300 = 16900: b=32
         "oracle": (32, 200, 16.0, 0.8, 45.0, 2.25, True),
     }
@@ -90,6 +91,7 @@ def test_every_column_without_a_cap() -> None:
         "baseline2": (16, 300, 30.0, 1.5, 90.0, 4.5, True),  # 15 * 0.4 = 6 < 12 * 0.6 = 7.2 < 10
         "equation4": (16, 300, 30.0, 1.5, 90.0, 4.5, True),
         "edgetrain": (16, 300, 30.0, 1.5, 90.0, 4.5, True),
+        "energy": (16, 300, 30.0, 1.5, 90.0, 4.5, True),  # E[b][f] * r_b is least there too
         "oracle": (32, 300, 12.0, 0.6, 40.0, 2.0, True),  # 15 * 2000, 12 * 1000, 10 * 1300
     }
     assert row.speedup_vs_baseline1 == pytest.approx(13.0 / 30.0)
