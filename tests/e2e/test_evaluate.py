@@ -109,7 +109,8 @@ def test_a_second_evaluation_reuses_the_weights_tables_and_vectors(first) -> Non
     assert again["rows"] == document["rows"] and again["vectors"] == document["vectors"]
     assert stored(tmp) == before
     assert done.stderr.count("stored, reused") == 4
-    assert "| Baseline 1 | Baseline 2 | edgetrain | oracle |" in done.stdout and "jetson-nano (SIMULATED)" in done.stdout
+    assert "| Baseline 1 | Baseline 2 | eq. (4) alone | edgetrain | least energy | oracle |" in done.stdout
+    assert "jetson-nano (SIMULATED)" in done.stdout and "Against Baseline 1 over 8 cells" in done.stdout
 
 
 def test_verify_fine_tunes_each_configuration_of_a_row_on_the_twin(first) -> None:
