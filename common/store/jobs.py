@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import redis
+from redis.client import Pipeline
 
 from ..jobs import (
     TERMINAL,
@@ -24,6 +26,8 @@ from ..keys import Keys
 from ..schemas import JobSpec, utc_now
 from .connection import texts
 
+T = TypeVar("T")
+
 
 class JobNotFoundError(KeyError):
     """No job has this id."""
@@ -34,6 +38,19 @@ class JobStore:
 
     def __init__(self, client: redis.Redis, keys: Keys):
         self._redis, self._keys = client, keys
+
+    def _transaction(self, key: str, apply: Callable[[Pipeline], T]) -> T:
+        """`apply`'s value, its writes (queued after `multi()`) made only if `key` did not change
+        since `apply` read it; run again while another process changes it first."""
+        with self._redis.pipeline() as p:
+            while True:
+                try:
+                    p.watch(key)
+                    value = apply(p)
+                    p.execute()
+                    return value
+                except redis.WatchError:
+                    continue
 
     def create(self, job_id: str, spec: JobSpec) -> JobRecord:
         """Store a new job with a pending part per device, and its `submitted` event."""
@@ -78,26 +95,23 @@ class JobStore:
         `expect` (any state when None); returns the part as stored, or None when it had moved
         on (another process changed its state first)."""
         key = self._keys.part(job_id, device_id)
-        with self._redis.pipeline() as p:
-            while True:
-                try:
-                    p.watch(key)
-                    raw = p.get(key)
-                    if raw is None:
-                        raise JobNotFoundError(f"job {job_id} has no device {device_id}")
-                    part = DevicePart.model_validate_json(raw)
-                    if expect is not None and part.state != expect:
-                        p.unwatch()
-                        return None
-                    part = part.model_copy(update=changes | {"updated_at": utc_now()})
-                    p.multi()
-                    p.set(key, part.model_dump_json())
-                    if part.state in TERMINAL:
-                        p.srem(self._keys.device_jobs(device_id), job_id)
-                    p.execute()
-                    return part
-                except redis.WatchError:
-                    continue
+
+        def apply(p: Pipeline) -> DevicePart | None:
+            raw = p.get(key)
+            if raw is None:
+                raise JobNotFoundError(f"job {job_id} has no device {device_id}")
+            part = DevicePart.model_validate_json(raw)
+            if expect is not None and part.state != expect:
+                p.unwatch()
+                return None
+            part = part.model_copy(update=changes | {"updated_at": utc_now()})
+            p.multi()
+            p.set(key, part.model_dump_json())
+            if part.state in TERMINAL:
+                p.srem(self._keys.device_jobs(device_id), job_id)
+            return part
+
+        return self._transaction(key, apply)
 
     def device_jobs(self, device_id: str) -> list[str]:
         """Jobs with an unfinished part on `device_id`."""
@@ -202,22 +216,19 @@ class JobStore:
         """Ask for the job to stop: nothing more of it is dispatched, running fine-tunes stop
         at their next step. Returns the record (unchanged when it was cancelled already)."""
         key = self._keys.job(job_id)
-        with self._redis.pipeline() as p:
-            while True:
-                try:
-                    p.watch(key)
-                    raw = p.get(key)
-                    if raw is None:
-                        raise JobNotFoundError(f"no job {job_id!r}")
-                    record = JobRecord.model_validate_json(raw)
-                    if record.cancelled_at is not None:
-                        p.unwatch()
-                        return record
-                    record = record.model_copy(update={"cancelled_at": utc_now()})
-                    p.multi()
-                    p.set(key, record.model_dump_json())
-                    p.rpush(self._keys.events(job_id), JobEvent(kind=EventKind.cancelled, message="cancel requested").model_dump_json())
-                    p.execute()
-                    return record
-                except redis.WatchError:
-                    continue
+
+        def apply(p: Pipeline) -> JobRecord:
+            raw = p.get(key)
+            if raw is None:
+                raise JobNotFoundError(f"no job {job_id!r}")
+            record = JobRecord.model_validate_json(raw)
+            if record.cancelled_at is not None:
+                p.unwatch()
+                return record
+            record = record.model_copy(update={"cancelled_at": utc_now()})
+            p.multi()
+            p.set(key, record.model_dump_json())
+            p.rpush(self._keys.events(job_id), JobEvent(kind=EventKind.cancelled, message="cancel requested").model_dump_json())
+            return record
+
+        return self._transaction(key, apply)
