@@ -121,6 +121,14 @@ class Strategy(ABC):
         """The configuration, or SelectionError (InfeasibleCapError for a cap too low) why none."""
 
 
+def _nothing_selectable(table: ProfileTable, vector: RelationVector, power_cap_w: float | None, unmeasured: str) -> SelectionError:
+    """Why no point could be selected: the cap (with the lowest that would work), or, without
+    a cap, `unmeasured`."""
+    if power_cap_w is None:
+        return SelectionError(unmeasured)
+    return InfeasibleCapError(power_cap_w, lowest_feasible_cap_w(table, vector))
+
+
 def feasible_set(strategy: str, table: ProfileTable, vector: RelationVector, power_cap_w: float | None) -> list[Selection]:
     """C of equation (4): per allowed batch size, its highest frequency under the cap, with
     T[b][f*_b] * r_b as the estimate. SelectionError (InfeasibleCapError for a cap too low)
@@ -139,9 +147,7 @@ def feasible_set(strategy: str, table: ProfileTable, vector: RelationVector, pow
         if j is not None and table.time_s[i][j] is not None:
             feasible.append(_selection(strategy, table, vector, i, j))
     if not feasible:
-        if power_cap_w is None:
-            raise SelectionError(f"no configuration of batch sizes {candidates} was measured")
-        raise InfeasibleCapError(power_cap_w, lowest_feasible_cap_w(table, vector))
+        raise _nothing_selectable(table, vector, power_cap_w, f"no configuration of batch sizes {candidates} was measured")
     return feasible
 
 
@@ -270,9 +276,8 @@ def measured_points(strategy: str, table: ProfileTable, vector: RelationVector, 
             choice = _selection(strategy, table, vector, i, j)
             found.append(choice.model_copy(update={"estimated_energy_j": energy_j * (vector.ratio(b) or math.inf)}))
     if not found:
-        if power_cap_w is None:
-            raise SelectionError(f"objective {strategy!r}: no configuration with time, power and energy was measured")
-        raise InfeasibleCapError(power_cap_w, lowest_feasible_cap_w(table, vector))
+        raise _nothing_selectable(table, vector, power_cap_w,
+                                  f"objective {strategy!r}: no configuration with time, power and energy was measured")  # fmt: skip
     return found
 
 
