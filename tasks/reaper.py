@@ -1,5 +1,5 @@
 """The reaper: hands on the tasks whose process is gone, and wakes the jobs of devices that
-stopped heartbeating. It runs as a thread of every control worker; each lost task is handed
+stopped heartbeating, and once more when they are heard from again. It runs as a thread of every control worker; each lost task is handed
 on by exactly one of them.
 
 A lost task (its lease not renewed for `lease_ttl_s`) is handed on at once, instead of after
@@ -89,14 +89,18 @@ def _advance(store: Store, app: Celery, settings: Settings, job_id: str, device_
         send(app, TaskName.advance_job, job_id)
 
 
-def reap_once(store: Store, app: Celery, settings: Settings) -> None:
-    """One pass: hand on lost tasks; advance the jobs of devices that stopped heartbeating."""
+def reap_once(store: Store, app: Celery, settings: Settings, silent_before: frozenset[str] = frozenset()) -> frozenset[str]:
+    """One pass: hand on lost tasks; advance the jobs of devices that stopped heartbeating,
+    and of those in `silent_before` (the previous pass's answer) that are heard from again, so
+    their parts drop the notice that the device is missing. Returns the devices silent now."""
     for lease in store.liveness.expired(settings.lease_ttl_s):
         if store.liveness.reap(lease.task_id):
             hand_on(store, app, settings, lease)
-    for device_id in store.fleet.silent_since(settings.heartbeat_ttl_s):
+    silent = frozenset(store.fleet.silent_since(settings.heartbeat_ttl_s))
+    for device_id in sorted(silent | silent_before):
         for job_id in store.jobs.device_jobs(device_id):
             _advance(store, app, settings, job_id, device_id)
+    return silent
 
 
 class Reaper(threading.Thread):
@@ -109,9 +113,10 @@ class Reaper(threading.Thread):
 
     @override
     def run(self) -> None:
+        silent: frozenset[str] = frozenset()
         while not self.stopped.wait(self.settings.reaper_interval_s):
             try:
-                reap_once(self.store, self.app, self.settings)
+                silent = reap_once(self.store, self.app, self.settings, silent)
             except Exception:  # Redis restarting, or a bug: log it and try again next period
                 logger.exception("reaper pass failed")
 

@@ -16,6 +16,7 @@ from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.common.testing.tables import B, F, brute_force, random_monotone_table
 from edgetrain.tasks import context
 from edgetrain.tasks.contract import SERVER_QUEUE, TaskName, device_queue
+from edgetrain.tasks.reaper import reap_once
 from edgetrain.tasks.workflow import advance_job, advance_page, fail_resource
 
 SHAPE = [1, 28, 28]
@@ -157,3 +158,29 @@ def test_a_big_job_is_advanced_in_pages(s, broker) -> None:
     states = {d: p.state for d, p in s.jobs.status("big").parts.items()}
     assert all(states[f"d{i:03d}"] == PartState.profiling for i in range(100, 120))  # page 2 only: devices 100..119
     assert all(states[f"d{i:03d}"] == PartState.pending for i in range(100))
+
+
+def test_a_device_heard_from_again_has_its_jobs_advanced_once_more_so_the_missing_notice_clears(s, broker) -> None:
+    settings = context.settings()
+    register(s, "d1")
+    spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
+    store_resources(s, spec)
+    s.jobs.update_part("j1", "d1", {"state": PartState.finetuning})
+    broker.zadd(s.keys.fleet_seen(), {"d1": broker.time()[0] - settings.heartbeat_ttl_s - 10})  # silent, within the grace
+    broker.delete(s.keys.device("d1"))
+    app = context.app()
+
+    def advances() -> list[JobPage]:
+        found = [JobPage.model_validate(t.payload) for t in queued_tasks(broker, "control") if t.name == TaskName.advance_page.value]
+        broker.delete("control")
+        return found
+
+    silent = reap_once(s, app, settings)
+    assert silent == {"d1"} and [p.job_id for p in advances()] == ["j1"]
+    advance_page(JobPage(job_id="j1", page=0))
+    assert "has not been heard from since" in (s.jobs.part("j1", "d1").waiting or "")
+    register(s, "d1")  # the restarted worker heartbeats again
+    assert reap_once(s, app, settings, silent) == frozenset() and [p.job_id for p in advances()] == ["j1"]
+    advance_page(JobPage(job_id="j1", page=0))
+    assert s.jobs.part("j1", "d1").waiting is None and s.jobs.part("j1", "d1").state == PartState.finetuning
+    assert reap_once(s, app, settings, frozenset()) == frozenset() and advances() == []  # nothing more once it is back
