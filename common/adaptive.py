@@ -14,6 +14,8 @@ controller that re-selects (b, f) at step boundaries.
   the job's strategy from the lookup table, re-pins the frequency and changes the batch size
   (learning rate rescaled, weights and optimizer state kept); a cap no configuration meets
   pauses training at the lowest frequency, in idle slices of device time, until one does.
+  The closed loop (common/closed_loop.py) hands it a strategy on the evidence (`reselect`):
+  it selects with that one now and at every later cap change.
 
 A staircase table is measured for one cap: under another it cannot select, so the run
 pauses with that reason (jobs with a schedule are refused a staircase table up front).
@@ -21,6 +23,7 @@ pauses with that reason (jobs with a schedule are refused a staircase table up f
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
@@ -37,10 +40,12 @@ from .schemas import (
     LearningRatePolicy,
     PowerGuardReport,
     ProfileTable,
+    Selection,
 )
 from .selection import SelectionError, Strategy
 from .training import DeviceTotals, Trainer, set_batch_size
 
+logger = logging.getLogger(__name__)
 PAUSE_SLICE_S = 1.0  # device time between two looks at the cap while paused, at most (s); a schedule's step ends a slice
 
 
@@ -128,7 +133,7 @@ class PowerGuard:
         return level + 1
 
 
-Cause = Literal["cap", "guard", "pause", "resume"]
+Cause = Literal["cap", "guard", "pause", "resume", "evidence"]
 Switched = Callable[[ConfigSwitch, DeviceTotals], None]  # a switch, and the run's totals when it happened
 
 
@@ -200,26 +205,42 @@ class AdaptiveControl:
             self.level = level
             self.device.set_frequency(self.frequency_hz)
 
-    def _select(self, run: DeviceTotals, cause: Cause = "cap") -> None:
-        """Select for `cap_w` with the table's peaks scaled by the drift (the guard's, or the
-        largest that forced a selection, whichever is more) and apply it; pause when nothing can
-        be selected."""
+    def choose(self, strategy: Strategy | None = None) -> Selection:
+        """What `strategy` (default: the job's) selects now: for the cap in force, with the
+        table's peaks scaled by the drift (the guard's, or the largest that forced a selection,
+        whichever is more). SelectionError when nothing can be selected."""
+        drift = max(self.guard.drift(), self.drift_seen)
+        return (strategy or self.strategy).choose(self._table_for(self.cap_w), _derated(self.cap_w, drift))
+
+    def reselect(self, run: DeviceTotals, strategy: Strategy, note: str) -> None:
+        """Adopt `strategy` for this and every later selection (cap changes, the guard) and
+        select with it now: a switch with cause "evidence" and `note` when the configuration
+        changes. Nothing changes while paused; the next selection uses `strategy`."""
+        self.strategy = strategy
+        if not self.paused:
+            self._select(run, "evidence", note)
+
+    def _select(self, run: DeviceTotals, cause: Cause = "cap", why: str | None = None) -> None:
+        """Select for `cap_w` (see `choose`) and apply it; pause when nothing can be selected.
+        A selection for evidence (`why`) that keeps the configuration is not a switch."""
         before = None if self.paused else (self.trainer.batch_size, self.frequency_hz)
         drift = max(self.guard.drift(), self.drift_seen)
         try:
-            choice = self.strategy.choose(self._table_for(self.cap_w), _derated(self.cap_w, drift))
+            choice = self.choose()
         except SelectionError as exc:
             if not self.paused:
                 self.paused = str(exc)
                 self.device.set_frequency(self.table.frequencies_hz[0])
                 self._switch(run, "pause", before, None, self.paused)
             return
+        if cause == "evidence" and before == (choice.batch_size, choice.frequency_hz):
+            return
         cause = "resume" if self.paused else cause
         self.paused = None
         set_batch_size(self.trainer, self.policy, choice.batch_size)
         self.level = self.ceiling = self.table.frequencies_hz.index(choice.frequency_hz)
         self.device.set_frequency(choice.frequency_hz)
-        note = f"table peaks derated by the measured drift x{drift:.2f}" if drift > 1 else choice.note
+        note = why or (f"table peaks derated by the measured drift x{drift:.2f}" if drift > 1 else choice.note)
         self._switch(run, cause, before, (choice.batch_size, choice.frequency_hz), note)
 
     def _table_for(self, cap_w: float | None) -> ProfileTable:
@@ -239,6 +260,7 @@ class AdaptiveControl:
             new_batch_size=new[0] if new else None, new_frequency_hz=new[1] if new else None, note=note,
         )  # fmt: skip
         self.switches.append(switch)
+        logger.info("%s switch on %s: %s", cause, self.device.device_type, switch.line().strip())
         if self.on_switch:
             self.on_switch(switch, run)
 

@@ -36,8 +36,12 @@ def put_file(data: bytes, file_name: str, folder: Path) -> str:
     name); returns its reference."""
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f"{file_name}.tmp"
-    tmp.write_bytes(data)
-    os.replace(tmp, folder / file_name)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, folder / file_name)
+    except OSError:  # a full disk: leave nothing behind
+        tmp.unlink(missing_ok=True)
+        raise
     return artifact_url(file_name, hashlib.sha256(data).hexdigest())
 
 

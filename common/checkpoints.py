@@ -1,11 +1,14 @@
 """Fine-tune checkpoints: the trainer's state and the device totals, saved in the artifact
 store of the worker host, so that a fine-tune redelivered after its worker died continues
-where it was instead of starting over. One checkpoint per (job, device), replaced each time."""
+where it was instead of starting over. Each attempt writes its own file, so an attempt that
+was replaced never overwrites the checkpoint its successor relies on; the files of a (job,
+device) other than the one its checkpoint record names are removed."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import re
 from pathlib import Path
 
 import torch
@@ -15,9 +18,18 @@ from .security import safe_file_name
 from .training import DeviceTotals, Trainer
 
 
-def checkpoint_name(job_id: str, device_id: str) -> str:
-    """The file name, in the artifact store, of the fine-tune checkpoint of (job, device)."""
-    return safe_file_name(f"checkpoint-{job_id}-{device_id}.pt")
+def checkpoint_name(job_id: str, device_id: str, attempt: str) -> str:
+    """The file name, in the artifact store, of the checkpoint of (job, device) that attempt
+    `attempt` (its token) writes."""
+    return safe_file_name(f"checkpoint-{job_id}-{device_id}-{attempt[:12]}.pt")
+
+
+def remove_checkpoints(job_id: str, device_id: str, store: Path, keep: str | None = None) -> None:
+    """Remove the checkpoint files of (job, device) from the store folder, but `keep` (a file name)."""
+    ours = re.compile(re.escape(safe_file_name(f"checkpoint-{job_id}-{device_id}-")) + r"[0-9a-f]{12}\.pt")
+    for path in store.glob("checkpoint-*.pt"):
+        if ours.fullmatch(path.name) and path.name != keep:
+            path.unlink(missing_ok=True)
 
 
 def save_checkpoint(trainer: Trainer, totals: DeviceTotals, name: str, store: Path) -> str:

@@ -4,31 +4,46 @@ batch size (and seed) to the target accuracy, and r_b = N_b / N_{b_max}."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 from .artifacts import initial_model, put_state_dict
 from .datasets.loading import load_dataset
 from .keys import vector_key
 from .models import get_model
+from .progress import ProxyRunProgress, throttled
 from .schemas import (
     DatasetRef,
     EstimationRequest,
     LearningRatePolicy,
     RelationVector,
     TrainingOutcome,
+    utc_now,
 )
-from .training import Trainer, make_optimizer, train_to_accuracy
+from .training import DeviceTotals, Trainer, make_optimizer, train_to_accuracy
 
 SPLIT_SEED = 0  # the proxy's train/test split is the same for every batch size and seed
 
 
-def train_proxy(request: EstimationRequest, batch_size: int, seed: int) -> TrainingOutcome:
-    """One proxy run: pre-trained weights, lr scaled for the batch, until the target."""
+def train_proxy(
+    request: EstimationRequest, batch_size: int, seed: int, on_progress: Callable[[ProxyRunProgress], None] | None = None
+) -> TrainingOutcome:
+    """One proxy run: pre-trained weights, lr scaled for the batch, until the target.
+    `on_progress` sees its evaluations, at most about once a second (the first at once)."""
+    started = utc_now()
+    report = throttled(on_progress)
+
+    def evaluated(samples: int, accuracy: float, _: DeviceTotals) -> None:
+        report(ProxyRunProgress(batch_size=batch_size, seed=seed, samples=samples, accuracy=accuracy, started_at=started,
+                                target_accuracy=request.target_accuracy, max_samples=request.max_samples))  # fmt: skip
+
     entry = get_model(request.model)
     data = load_dataset(request.proxy_dataset, entry, SPLIT_SEED)
     model = initial_model(request.model, request.weights, data.num_classes)
     trainer = Trainer(model, make_optimizer(model, request.lr, batch_size), batch_size, data.train, data.test, seed)
-    outcome, _ = train_to_accuracy(trainer, request.target_accuracy, request.eval_every_samples, request.max_samples, seed)
+    outcome, _ = train_to_accuracy(
+        trainer, request.target_accuracy, request.eval_every_samples, request.max_samples, seed, on_evaluation=evaluated
+    )
     if outcome.samples_to_accuracy == 0:
         raise ValueError(
             f"target_accuracy: {request.proxy_dataset.name} is at {outcome.final_accuracy:.4f} before any training, "

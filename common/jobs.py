@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
 from datetime import datetime
 from enum import Enum
 
 from pydantic import Field
 
 from .control_axis import ControlAxis
+from .payloads import FinetuneRequest
+from .progress import Preparation
 from .schemas import JobSpec, RunReport, Selection, Strict, utc_now
 
 
@@ -26,8 +30,26 @@ class PartState(str, Enum):
 TERMINAL = frozenset({PartState.completed, PartState.failed, PartState.cancelled})
 
 
+class Dispatch(Strict):
+    """The fine-tune the control worker sent for a part: its token (the Celery task id) and the
+    request, so a device runs only what was dispatched and a lost message can be sent again."""
+
+    token: str
+    request: FinetuneRequest
+    at: datetime = Field(default_factory=utc_now)
+
+
+class Attempt(Strict):
+    """One run of a part's task on a worker: every write it makes is fenced by `token`."""
+
+    token: str
+    number: int = Field(ge=1, description="1 for the first attempt, more after lost ones")
+    node: str = Field(description="the worker node running it")
+    started_at: datetime = Field(default_factory=utc_now)
+
+
 class DevicePart(Strict):
-    """The state of one device's share of a job."""
+    """The state of one device's share of a job (changed only by common/part_events.py)."""
 
     device_id: str
     power_cap_w: float | None
@@ -42,6 +64,14 @@ class DevicePart(Strict):
     baseline1_estimated_time_to_accuracy_s: float | None = None
     report: RunReport | None = None
     waiting: str | None = Field(None, description="what the part waits for, when it waits on something unusual")
+    device_missing: bool = Field(False, description="`waiting` says its device stopped heartbeating")
+    dispatch: Dispatch | None = Field(None, description="the fine-tune dispatched for the part")
+    attempt: Attempt | None = Field(None, description="the live attempt of its fine-tune, if one runs")
+    attempts: int = Field(0, description="fine-tune attempts started")
+    lost_device_time_s: float = Field(0.0, description="device time of the work lost with dead attempts (s)")
+    lost_energy_j: float = Field(0.0, description="energy of the work lost with dead attempts (J)")
+    cancel_requested_at: datetime | None = Field(None, description="when a running attempt was asked to stop")
+    requeued_at: datetime | None = Field(None, description="when the part was last planned again")
     updated_at: datetime = Field(default_factory=utc_now)
 
 
@@ -75,6 +105,7 @@ class EventKind(str, Enum):
     selected = "selected"  # (b, f) selected, fine-tuning dispatched
     attempt_lost = "attempt_lost"  # the process running a task stopped; the task was handed on
     resumed = "resumed"  # a fine-tune continued from its checkpoint
+    checkpoint_failed = "checkpoint_failed"  # a fine-tune could not save a checkpoint and went on without
     reconfigured = "reconfigured"  # a running fine-tune changed (b, f), paused or resumed for a new cap
     device_missing = "device_missing"  # a device stopped heartbeating while a part needs it
     baseline1_unavailable = "baseline1_unavailable"
@@ -83,6 +114,8 @@ class EventKind(str, Enum):
     finished = "finished"  # every part is completed, failed or cancelled
     cancelled = "cancelled"
     requeued = "requeued"  # a failed or cancelled part is planned again
+    set_aside = "set_aside"  # a stored table or vector no longer loaded: set aside, and produced again
+    store_failover = "store_failover"  # Redis Sentinel promoted a replica: the store runs on a new master
 
 
 class JobEvent(Strict):
@@ -112,6 +145,12 @@ class FinetuneProgress(Strict):
     frequency_hz: int | None = Field(None, description="the frequency it runs at now (Hz)")
     power_cap_w: float | None = Field(None, description="the cap in force now (W)")
     paused: str | None = Field(None, description="why training is paused at idle clocks, while it is")
+    power_w: float | None = Field(None, description="mean board power since the previous report (W)")
+    peak_power_w: float | None = Field(None, description="the highest board power reading of the run so far (W)")
+    samples_per_s: float | None = Field(None, description="samples per second of device time since the previous report")
+    over_cap_s: float = Field(0.0, description="device time of measured regions whose peak was over the cap (s)")
+    guard_step_downs: int = Field(0, description="frequency step-downs of the power guard so far")
+    switches: int = Field(0, description="configuration changes so far (cap, guard, pause, resume)")
     updated_at: datetime = Field(default_factory=utc_now)
 
 
@@ -126,15 +165,6 @@ class CheckpointRef(Strict):
     saved_at: datetime = Field(default_factory=utc_now)
 
 
-class AttemptLog(Strict):
-    """A fine-tune's attempts: how many started, and the device time and energy lost with the
-    ones that died (work done after their last checkpoint)."""
-
-    attempts: int = 0
-    lost_device_time_s: float = 0.0
-    lost_energy_j: float = 0.0
-
-
 class JobSummary(Strict):
     """One line of the job list."""
 
@@ -143,6 +173,7 @@ class JobSummary(Strict):
     model: str
     devices: int
     created_at: datetime
+    not_reached: int = Field(0, description="devices whose fine-tune ended without reaching the target accuracy")
 
 
 class JobStatus(Strict):
@@ -157,12 +188,15 @@ class JobStatus(Strict):
     events: list[JobEvent] = Field(default_factory=list)
     cancelled_at: datetime | None = None
     notes: list[str] = Field(default_factory=list, description="what the job waits for that nothing will do")
+    preparation: Preparation = Field(default_factory=Preparation, description="tables and vector being made for it")
 
     def digest(self) -> str:
-        """What changes as the job goes on: part states and waits, progress, notes, events."""
+        """What changes as the job goes on: part states and waits, progress, notes, events,
+        the tables and vector being made."""
         parts = ";".join(f"{d}={p.state.value}:{p.waiting}" for d, p in self.parts.items())
         progress = ";".join(f"{d}={p.samples}" for d, p in self.progress.items())
-        return f"{self.state.value}|{parts}|{progress}|{len(self.events)}|{'|'.join(self.notes)}"
+        made = self.preparation.model_dump_json()
+        return f"{self.state.value}|{parts}|{progress}|{len(self.events)}|{'|'.join(self.notes)}|{made}"
 
     def __str__(self) -> str:
         """One line per job: its state and each device's."""
@@ -181,7 +215,12 @@ class JobStatus(Strict):
 
 def job_state(parts: list[DevicePart]) -> JobState:
     """Derive a job's state from its device parts."""
-    states = {p.state for p in parts}
+    return state_of_counts(Counter(p.state for p in parts))
+
+
+def state_of_counts(counts: Mapping[PartState, int]) -> JobState:
+    """A job's state from how many of its parts are in each state."""
+    states = {state for state, n in counts.items() if n > 0}
     if not states <= TERMINAL:
         return JobState.running if states != {PartState.pending} else JobState.queued
     if PartState.cancelled in states:

@@ -1,5 +1,6 @@
 """Every Redis key edgetrain uses, named in one place under a configurable prefix.
 
+    <p>:store                              StoreIdentity JSON: which store this is (id, creation time)
     <p>:fleet:ids                          set of device ids
     <p>:fleet:device:<id>                  DeviceInfo JSON, expires without heartbeat
     <p>:fleet:seen                         zset device id -> last heartbeat (Redis time, s)
@@ -10,27 +11,48 @@
     <p>:worker:<node>                      WorkerInfo JSON: role, queues, host, pid
     <p>:leases                             zset task id -> last renewal (Redis time, s)
     <p>:lease:<task id>                    Lease JSON: which task runs where, for whom
+    <p>:stopping:<node>:<pid>              a worker is shutting down: its fine-tunes stop (expires)
     <p>:table:<type>:<model>:<shape>       ProfileTable JSON
     <p>:vector:<key>                       RelationVector JSON
     <p>:vector-parts:<key>                 hash "<b>:<seed>" -> TrainingOutcome JSON
+    <p>:vector-request:<key>               EstimationRequest JSON: an estimation sent to the server pool
+    <p>:vector-progress:<key>              hash "<b>:<seed>" -> ProxyRunProgress JSON of runs training (expires)
+    <p>:profiling:<type>:<model>           ProfilingProgress JSON: a table being measured (expires)
     <p>:pretrained:<key>                   PretrainResult JSON: weights pre-trained for a request
+    <p>:learned:<data key>                 list of FinetuneRecord JSON, newest first: what fine-tunes
+                                           on that data measured (common/learned.py)
+    <p>:learned-index:<kind key>           set of data keys of one kind of data (model, weights,
+                                           dataset name): priors from similar data
     <p>:claim:<resource>                   who is producing a table or vector (expires)
     <p>:once:<name>                        an action that must happen once (expires)
     <p>:waiters:<resource>                 jobs to advance when a resource is ready or failed
     <p>:failed:<resource>                  why producing a resource failed (expires)
     <p>:attempts:<task id>                 deliveries of a task (expires)
     <p>:jobs                               zset of job ids by submit time
+    <p>:unplanned                          zset of jobs no control worker took up yet -> when sent (s)
     <p>:job:<id>                           JobRecord JSON
     <p>:job:<id>:part:<device>             DevicePart JSON
     <p>:job:<id>:progress:<device>         FinetuneProgress JSON
-    <p>:job:<id>:events                    list of JobEvent JSON
+    <p>:job:<id>:events                    list of JobEvent JSON (the newest MAX_EVENTS_KEPT)
+    <p>:job:<id>:states                    hash part state -> how many parts are in it
+    <p>:sent                               zset task id of a profile, estimation or proxy run sent and
+                                           not yet run -> when it was last seen held (s)
+    <p>:sent:<task id>                     SentTask JSON: the task as it can be sent again
+    <p>:dispatched                         zset "<job>/<device>" of fine-tunes dispatched and not
+                                           finished -> when a task was last seen for it (s)
     <p>:job:<id>:checkpoint:<device>       CheckpointRef JSON: the fine-tune's last checkpoint
-    <p>:job:<id>:attempts:<device>         AttemptLog JSON: lost attempts of the fine-tune
     <p>:lock:job:<id>:<page>               the lock held while a page of a job advances
+    <p>:set-aside:<key>:<UTC time>         a record that no longer loaded, moved from <p>:<key> as it was
+    <p>:set-asides                         hash set-aside key -> SetAside JSON: where it was, why, when
+    <p>:counter:<name>                     hash label -> count: events the metrics count (tasks handed on, retries)
+    <p>:store:master                       HOST:PORT of the Redis master last seen behind Sentinel
 
-A resource is a table (`table:<table id>`) or a relation vector (`vector:<key>`). The prefix
-(`EDGETRAIN_KEY_PREFIX`, default "edgetrain") lets several deployments or test runs share one
-Redis server.
+A table, vector or pre-trained weights record that no longer loads (an older format, a
+hand-edited key) is set aside rather than deleted (common/store/resources.py), and produced
+again. Every key built from a job or device id checks the id first (`ids.py`:
+InvalidIdError), so no id can reach another record's key. A resource is a table
+(`table:<table id>`) or a relation vector (`vector:<key>`). The prefix (`EDGETRAIN_KEY_PREFIX`,
+default "edgetrain") lets several deployments or test runs share one Redis server.
 """
 
 from __future__ import annotations
@@ -40,7 +62,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .ids import checked_id
+
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from pydantic import BaseModel
 
     from .payloads import PretrainRequest
@@ -68,6 +94,18 @@ def pretrained_key(request: PretrainRequest) -> str:
     return _digest(request)
 
 
+def learned_key(model: str, weights: str, data: BaseModel, target_accuracy: float, lr: BaseModel) -> str:
+    """The key of fine-tune records on one data: model, weights, data identity, target
+    accuracy and learning-rate rule (what N_b depends on)."""
+    parts = [model, weights, data.model_dump_json(), repr(float(target_accuracy)), lr.model_dump_json()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def similar_key(model: str, weights: str, dataset_name: str) -> str:
+    """The key that groups records of one kind of data: model, weights and dataset name."""
+    return hashlib.sha256("\n".join([model, weights, dataset_name]).encode()).hexdigest()[:24]
+
+
 def table_resource(tid: str) -> str:
     """The coordination name of a lookup table (claims, waiters, failures)."""
     return f"table:{tid}"
@@ -88,23 +126,26 @@ class Keys:
         """A SCAN pattern matching every key under the prefix."""
         return f"{self.prefix}:*"
 
+    def identity(self) -> str:
+        return f"{self.prefix}:store"
+
     def fleet_ids(self) -> str:
         return f"{self.prefix}:fleet:ids"
 
     def device(self, device_id: str) -> str:
-        return f"{self.prefix}:fleet:device:{device_id}"
+        return f"{self.prefix}:fleet:device:{checked_id(device_id, 'device_id')}"
 
     def fleet_seen(self) -> str:
         return f"{self.prefix}:fleet:seen"
 
     def device_owner(self, device_id: str) -> str:
-        return f"{self.prefix}:fleet:owner:{device_id}"
+        return f"{self.prefix}:fleet:owner:{checked_id(device_id, 'device_id')}"
 
     def device_jobs(self, device_id: str) -> str:
-        return f"{self.prefix}:fleet:jobs:{device_id}"
+        return f"{self.prefix}:fleet:jobs:{checked_id(device_id, 'device_id')}"
 
     def device_cap(self, device_id: str) -> str:
-        return f"{self.prefix}:fleet:cap:{device_id}"
+        return f"{self.prefix}:fleet:cap:{checked_id(device_id, 'device_id')}"
 
     def workers(self) -> str:
         return f"{self.prefix}:workers"
@@ -117,6 +158,9 @@ class Keys:
 
     def lease(self, task_id: str) -> str:
         return f"{self.prefix}:lease:{task_id}"
+
+    def stopping(self, instance: str) -> str:
+        return f"{self.prefix}:stopping:{instance}"
 
     def table(self, tid: str) -> str:
         return f"{self.prefix}:table:{tid}"
@@ -131,8 +175,23 @@ class Keys:
     def vector_parts(self, key: str) -> str:
         return f"{self.prefix}:vector-parts:{key}"
 
+    def vector_request(self, key: str) -> str:
+        return f"{self.prefix}:vector-request:{key}"
+
+    def vector_progress(self, key: str) -> str:
+        return f"{self.prefix}:vector-progress:{key}"
+
+    def profiling(self, device_type: str, model: str) -> str:
+        return f"{self.prefix}:profiling:{device_type}:{model}"
+
     def pretrained(self, key: str) -> str:
         return f"{self.prefix}:pretrained:{key}"
+
+    def learned(self, data_key: str) -> str:
+        return f"{self.prefix}:learned:{data_key}"
+
+    def learned_index(self, kind_key: str) -> str:
+        return f"{self.prefix}:learned-index:{kind_key}"
 
     def claim(self, resource: str) -> str:
         return f"{self.prefix}:claim:{resource}"
@@ -152,23 +211,48 @@ class Keys:
     def jobs(self) -> str:
         return f"{self.prefix}:jobs"
 
+    def unplanned(self) -> str:
+        return f"{self.prefix}:unplanned"
+
     def job(self, job_id: str) -> str:
-        return f"{self.prefix}:job:{job_id}"
+        return f"{self.prefix}:job:{checked_id(job_id, 'job_id')}"
 
     def part(self, job_id: str, device_id: str) -> str:
-        return f"{self.prefix}:job:{job_id}:part:{device_id}"
+        return f"{self.job(job_id)}:part:{checked_id(device_id, 'device_id')}"
 
     def progress(self, job_id: str, device_id: str) -> str:
-        return f"{self.prefix}:job:{job_id}:progress:{device_id}"
+        return f"{self.job(job_id)}:progress:{checked_id(device_id, 'device_id')}"
 
     def events(self, job_id: str) -> str:
-        return f"{self.prefix}:job:{job_id}:events"
+        return f"{self.job(job_id)}:events"
 
     def checkpoint(self, job_id: str, device_id: str) -> str:
-        return f"{self.prefix}:job:{job_id}:checkpoint:{device_id}"
+        return f"{self.job(job_id)}:checkpoint:{checked_id(device_id, 'device_id')}"
 
-    def attempt_log(self, job_id: str, device_id: str) -> str:
-        return f"{self.prefix}:job:{job_id}:attempts:{device_id}"
+    def job_states(self, job_id: str) -> str:
+        return f"{self.job(job_id)}:states"
+
+    def sent_tasks(self) -> str:
+        return f"{self.prefix}:sent"
+
+    def sent(self, task_id: str) -> str:
+        return f"{self.prefix}:sent:{task_id}"
+
+    def dispatched(self) -> str:
+        return f"{self.prefix}:dispatched"
 
     def job_lock(self, job_id: str, page: int) -> str:
-        return f"{self.prefix}:lock:job:{job_id}:{page}"
+        return f"{self.prefix}:lock:job:{checked_id(job_id, 'job_id')}:{page}"
+
+    def set_aside(self, key: str, at: datetime) -> str:
+        """Where the record under `key` (a key of this prefix) is kept once set aside at `at` (UTC)."""
+        return f"{self.prefix}:set-aside:{key.removeprefix(self.prefix + ':')}:{at:%Y%m%dT%H%M%S.%fZ}"
+
+    def set_asides(self) -> str:
+        return f"{self.prefix}:set-asides"
+
+    def counter(self, name: str) -> str:
+        return f"{self.prefix}:counter:{name}"
+
+    def store_master(self) -> str:
+        return f"{self.prefix}:store:master"

@@ -21,6 +21,8 @@ MAX_DEVICES = 10_000  # devices per job (a big job is planned in pages)
 MAX_CAP_STEPS = 1000  # steps of a device's power cap schedule
 MAX_NAME_CHARS = 256  # a model name, an artifact URL
 MAX_PATH_CHARS = 1024  # a dataset path
+MAX_EVENTS_KEPT = 2000  # the newest events kept in a job's log
+MAX_NESTING = 32  # levels of lists and objects in a spec document (a job spec has 5)
 
 BatchSize = Annotated[int, Field(gt=0, le=MAX_BATCH_SIZE)]
 SampleCount = Annotated[int, Field(gt=0, le=MAX_SAMPLES)]

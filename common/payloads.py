@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from .limits import MAX_BATCH_SIZES, BatchSize, SampleCount, Seed
+from .ids import Identifier
+from .keys import table_id, table_resource
+from .limits import MAX_BATCH_SIZES, MAX_NAME_CHARS, BatchSize, SampleCount, Seed
 from .models import Optimizer, get_model
 from .schemas import (
-    ID_PATTERN,
     PAPER_BATCH_SIZES,
     BatchSizes,
     DatasetRef,
@@ -17,6 +18,7 @@ from .schemas import (
     EstimationRequest,
     JobSpec,
     LearningRatePolicy,
+    Objective,
     ProfilingOptions,
     Selection,
     Strict,
@@ -26,7 +28,7 @@ from .schemas import (
 class JobPage(Strict):
     """One page of a job's devices (`page_size` of them, in the spec's order) to advance."""
 
-    job_id: str = Field(pattern=ID_PATTERN)
+    job_id: Identifier
     page: int = Field(ge=0)
 
 
@@ -42,7 +44,7 @@ class ProfileRequest(Strict):
     `owner` holds the claim on the table when the request is sent; a request whose owner no
     longer holds it (the claim was released after its worker was lost) is stale and skipped."""
 
-    device_id: str = Field(pattern=ID_PATTERN)
+    device_id: Identifier
     device_type: str
     owner: str = Field(description="who claimed the table's production: a job id, or the command that asked")
     model: str
@@ -51,6 +53,11 @@ class ProfileRequest(Strict):
     optimizer: Optimizer = Field(description="the optimizer whose step is timed: the model's own")
     power_cap_w: float | None = Field(None, gt=0, description="board power cap (W) a staircase profile is made for")
     merge: bool = Field(False, description="add the rows to the stored table instead of replacing it")
+
+
+def profile_resource(request: ProfileRequest) -> str:
+    """The coordination name of the table a profile request produces (claims, waiters, failures)."""
+    return table_resource(table_id(request.device_type, request.model, get_model(request.model).input_shape))
 
 
 def profile_request(
@@ -84,10 +91,12 @@ class ProfileResult(Strict):
 
 
 class FinetuneRequest(Strict):
-    """Fine-tune on device `device_id` with the selected (batch size, frequency) until the target."""
+    """Fine-tune on device `device_id` with the selected (batch size, frequency) until the
+    target; `target` (the device's cap, cap schedule and fixed configuration), `objective`,
+    `table_id` and `vector_key` are what it re-selects with when the cap changes."""
 
-    job_id: str = Field(pattern=ID_PATTERN)
-    device_id: str = Field(pattern=ID_PATTERN)
+    job_id: Identifier
+    device_id: Identifier
     model: str
     weights: str
     dataset: DatasetRef
@@ -98,10 +107,17 @@ class FinetuneRequest(Strict):
     eval_every_samples: SampleCount
     max_samples: SampleCount
     seed: Seed
+    target: DeviceTarget
+    objective: Objective
+    table_id: str = Field(max_length=MAX_NAME_CHARS)
+    vector_key: str = Field(max_length=MAX_NAME_CHARS)
 
 
-def finetune_request(job_id: str, spec: JobSpec, target: DeviceTarget, selection: Selection) -> FinetuneRequest:
-    """What device `target` fine-tunes for job `job_id` with `selection`."""
+def finetune_request(
+    job_id: str, spec: JobSpec, target: DeviceTarget, selection: Selection, table_id: str, vector_key: str
+) -> FinetuneRequest:
+    """What device `target` fine-tunes for job `job_id` with `selection`, chosen from the
+    lookup table `table_id` and the relation vector `vector_key`."""
     return FinetuneRequest(
         job_id=job_id,
         device_id=target.device_id,
@@ -115,6 +131,10 @@ def finetune_request(job_id: str, spec: JobSpec, target: DeviceTarget, selection
         eval_every_samples=spec.eval_every_samples,
         max_samples=spec.max_samples,
         seed=spec.seeds[0],
+        target=target,
+        objective=spec.objective,
+        table_id=table_id,
+        vector_key=vector_key,
     )
 
 
@@ -126,11 +146,13 @@ class EstimateResult(Strict):
 
 
 class ProxyRunRequest(Strict):
-    """One proxy training run of an estimation: one batch size, one seed."""
+    """One proxy training run of an estimation: one batch size, one seed. `job_id` names the
+    job that claimed the vector (for the run's label; None when a command asked for it)."""
 
     request: EstimationRequest
     batch_size: BatchSize
     seed: Seed
+    job_id: Identifier | None = None
 
 
 class PretrainRequest(Strict):

@@ -9,9 +9,12 @@ A part's states and their transitions:
     profiling  -> estimating | finetuning | failed   the table is ready (or failed)
     estimating -> profiling | finetuning | failed    the vector is ready (or failed); a table
                                                      that went stale is profiled again
-    finetuning -> completed | failed | cancelled     set by the `finetune` task
+    finetuning -> completed | failed | cancelled     reported by the attempt running it
     any other  -> cancelled                          the job was cancelled
-    completed, failed, cancelled                     final
+    completed, failed, cancelled                     final (an operator may re-queue a part)
+
+The planner only decides; common/part_events.py holds every transition's rules and
+tasks/workflow.py applies the decision as events.
 
 A device that stops heartbeating (after it was seen) does not fail its parts at once: they
 wait `spec.device_grace_s` seconds after the fleet gives it up (its heartbeat TTL) for it to come
@@ -29,12 +32,15 @@ The decisions:
 - `FineTune`: both exist: the selection of the job's objective (for time to accuracy,
   edgetrain's robust equation (4)) or the target's fixed configuration, checked against the
   table, Baseline 1 for comparison, and the fine-tuning request.
-- `Cancel`: the job was cancelled; a part being fine-tuned on a live device is left to its
-  task, which stops at its next step.
+- `Cancel`: the job was cancelled and no attempt runs the part: it is cancelled at once.
+- `RequestCancel`: the job was cancelled while an attempt runs the part: it is asked to stop
+  at its next step (it checkpoints, restores the device and reports it stopped); a part
+  re-queued after the cancel runs again.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -52,6 +58,7 @@ from .schemas import (
     DeviceTarget,
     EstimationRequest,
     JobSpec,
+    Objective,
     ProfileTable,
     RelationVector,
     Selection,
@@ -68,6 +75,8 @@ from .selection import (
     estimated_time_to_accuracy_s,
 )
 from .tables import missing_batch_sizes, reuse_problem
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -148,7 +157,14 @@ class Cancel:
     reason: str
 
 
-Decision = Wait | Fail | Prepare | FineTune | Cancel
+@dataclass(frozen=True)
+class RequestCancel:
+    """The attempt running the part is asked to stop: its job was cancelled."""
+
+    reason: str
+
+
+Decision = Wait | Fail | Prepare | FineTune | Cancel | RequestCancel
 
 
 def resource_ids(spec: JobSpec, device_type: str) -> tuple[str, str]:
@@ -161,15 +177,18 @@ def plan(view: PartView) -> Decision:
     part, target, spec = view.part, view.target, view.spec
     if part.state in TERMINAL:
         return Wait(f"part is {part.state.value}")
-    if view.cancelled_at is not None:
-        if part.state == PartState.finetuning and view.device is not None:
-            return Wait("cancelling", notice="cancelled: the fine-tune stops at its next step")
-        return Cancel(f"cancelled at {view.cancelled_at:%Y-%m-%d %H:%M:%S} UTC")
+    if view.cancelled_at is not None and (part.requeued_at is None or part.requeued_at < view.cancelled_at):
+        reason = f"cancelled at {view.cancelled_at:%Y-%m-%d %H:%M:%S} UTC"
+        if part.attempt is None:
+            return Cancel(reason)
+        if part.cancel_requested_at is None:
+            return RequestCancel(reason)
+        return Wait("cancelling")
     device = view.device
     if device is None:
         return _missing_device(view)
     if part.state == PartState.finetuning:
-        return Wait("fine-tuning")
+        return Wait("fine-tuning", notice=None if part.device_missing else part.waiting)  # the attempt's notices stay
     tid, vkey = resource_ids(spec, device.device_type)
     table, stale, missing = view.table, None, None
     if table is not None:
@@ -218,11 +237,11 @@ def _profile(view: PartView, device: DeviceInfo, missing: list[int] | None) -> P
     return request.model_copy(update={"batch_sizes": missing, "merge": True}) if missing else request
 
 
-def strategy_for(spec: JobSpec, target: DeviceTarget, vector: RelationVector) -> Strategy:
+def strategy_for(objective: Objective, target: DeviceTarget, vector: RelationVector) -> Strategy:
     """How a job selects for `target`, at the start and whenever its cap changes: the
     target's fixed configuration when it names one, else the job's objective (edgetrain's
     robust equation (4) for time to accuracy)."""
-    fixed, objective = target.configuration, spec.objective
+    fixed = target.configuration
     if fixed is not None:
         return Fixed(vector, fixed.batch_size, fixed.frequency_hz)
     if objective.name == "energy":
@@ -238,7 +257,7 @@ def strategy_for(spec: JobSpec, target: DeviceTarget, vector: RelationVector) ->
 def _fine_tune(view: PartView, device: DeviceInfo, table: ProfileTable, vector: RelationVector) -> Decision:
     cap = view.target.cap_at(0.0)
     try:
-        choice = strategy_for(view.spec, view.target, vector).choose(table, cap)
+        choice = strategy_for(view.spec.objective, view.target, vector).choose(table, cap)
     except SelectionError as exc:
         return Fail(str(exc))
     base, problem = None, None
@@ -246,10 +265,15 @@ def _fine_tune(view: PartView, device: DeviceInfo, table: ProfileTable, vector: 
         base = Baseline1(vector, device.power_envelope_w).choose(table, cap)
     except SelectionError as exc:
         problem = str(exc)
+    why = choice.note or f"estimate T*r_b {choice.estimated_time_s:.4g} s"
+    cap_text = "no cap" if cap is None else f"a {cap:g} W cap"
+    baseline = f"b={base.batch_size} f={base.frequency_hz} Hz" if base else problem
+    logger.info("job %s, %s under %s: %s chose b=%d f=%d Hz (%s); Baseline 1: %s", view.job_id, device.device_id, cap_text,
+                choice.strategy, choice.batch_size, choice.frequency_hz, why, baseline)  # fmt: skip
     return FineTune(
         device=device,
         selection=choice,
-        request=finetune_request(view.job_id, view.spec, view.target, choice),
+        request=finetune_request(view.job_id, view.spec, view.target, choice, *resource_ids(view.spec, device.device_type)),
         estimated_time_to_accuracy_s=estimated_time_to_accuracy_s(table, vector, choice),
         baseline1=base,
         baseline1_estimated_time_to_accuracy_s=None if base is None else estimated_time_to_accuracy_s(table, vector, base),

@@ -22,7 +22,8 @@ import edgetrain
 from .control_axis import ClockObservation
 from .devices.base import Device, Measurement
 from .models import ModelEntry, build_model
-from .schemas import LearningRatePolicy, ProfileTable, ProfilingOptions
+from .progress import ProfilingProgress, throttled
+from .schemas import LearningRatePolicy, ProfileTable, ProfilingOptions, utc_now
 from .training import Trainer, make_optimizer
 from .workload import measure_workload
 
@@ -135,6 +136,12 @@ def staircase(
     return visited
 
 
+def staircase_bound(batch_sizes: int, frequencies: int) -> int:
+    """The most points a staircase can measure: |B| + |F|, plus one per batch size whose first
+    point is over the cap, and never more than the grid."""
+    return min(2 * batch_sizes + frequencies, batch_sizes * frequencies)
+
+
 def profile(
     device: Device,
     entry: ModelEntry,
@@ -142,20 +149,32 @@ def profile(
     options: ProfilingOptions,
     lr: LearningRatePolicy,
     power_cap_w: float | None = None,
+    on_progress: Callable[[ProfilingProgress], None] | None = None,
 ) -> ProfileTable:
-    """Profile `entry` on `device`: the full grid, or the staircase for a known cap."""
+    """Profile `entry` on `device`: the full grid, or the staircase for a known cap.
+    `on_progress` sees the points measured of those planned, at most about once a second
+    (the first, with none measured yet, at once), and once more when every point is measured."""
+    started = utc_now()
     profiler = Profiler(device, entry, options, lr)
     frequencies = device.frequencies_hz
     b_mem = max_batch_size(profiler.fits, batch_sizes)
     usable = [b for b in batch_sizes if b_mem is not None and b <= b_mem]
     measured: dict[tuple[int, int], Measurement] = {}
+    staircase_mode = options.mode == "staircase" and power_cap_w is not None
+    planned = staircase_bound(len(usable), len(frequencies)) if staircase_mode else len(usable) * len(frequencies)
+    report = throttled(on_progress)
+
+    def progress(done: bool = False) -> ProfilingProgress:
+        return ProfilingProgress(device_type=device.device_type, model=entry.name, mode="staircase" if staircase_mode else "grid",
+                                 points_measured=len(measured), points_planned=planned, started_at=started, done=done)  # fmt: skip
 
     def measure_power(b: int, f: int) -> float:
         if (b, f) not in measured:
             measured[(b, f)] = profiler.measure(b, f)
+            report(progress())
         return measured[(b, f)].peak_power_w
 
-    staircase_mode = options.mode == "staircase" and power_cap_w is not None
+    report(progress())
     try:
         if staircase_mode:
             assert power_cap_w is not None
@@ -179,6 +198,8 @@ def profile(
     time_s = table_of(lambda b, f, m: per_samples(b, f, m.elapsed_s))
     energy_j = table_of(lambda b, f, m: per_samples(b, f, m.energy_j))
     power = [_monotone(row) for row in table_of(lambda b, f, m: m.peak_power_w)]
+    if on_progress is not None:
+        on_progress(progress(done=True))
     return ProfileTable(
         batch_sizes=batch_sizes,
         frequencies_hz=frequencies,

@@ -66,6 +66,12 @@ class JobReport(Strict):
         return cls(job_id=status.job_id, state=status.state, spec=status.spec, devices=devices, events=status.events)
 
 
+def completed_message(report: RunReport, target_accuracy: float) -> str:
+    """The event of a fine-tune that ran to its end: its accuracy, and whether it reached the target."""
+    reached = "" if report.reached else f", target {target_accuracy:g} not reached in {report.samples_processed} samples"
+    return f"completed, accuracy {report.final_accuracy:.3f}{reached}"
+
+
 def _over_cap(report: RunReport | None, power_cap_w: float | None) -> bool:
     """Whether a run's power went over the cap in force: its power guard saw a reading over
     it, or (a run whose cap never changed) its peak is over the job's cap."""

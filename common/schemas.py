@@ -6,12 +6,14 @@ Units are in the field names: `_hz`, `_w`, `_s`, `_j`, `_bytes`.
 from __future__ import annotations
 
 import math
+import types
 from datetime import datetime, timezone
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from .control_axis import ClockObservation, ControlAxis
+from .ids import Identifier
 from .limits import (
     MAX_BATCH_SIZE,
     MAX_BATCH_SIZES,
@@ -26,7 +28,6 @@ from .limits import (
     Seed,
 )  # fmt: skip
 
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 PAPER_BATCH_SIZES = [4, 8, 16, 32, 64, 128]
 
 
@@ -48,11 +49,30 @@ BatchSizes = Annotated[list[BatchSize], AfterValidator(checked_batch_sizes)]
 Seeds = Annotated[list[Seed], AfterValidator(lambda seeds: sorted(set(seeds)))]  # sorted, each once
 
 
+RecordT = TypeVar("RecordT", bound="Strict")
+
+
 class Strict(BaseModel):
     """Base for records: unknown fields are errors, so a typo is named, not ignored; NaN and
     infinite numbers are refused everywhere."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    def validated_copy(self: RecordT, **update: Any) -> RecordT:
+        """A copy with `update` applied, validated like a new record (`model_copy(update=...)`
+        skips validation, so it can make a record that no longer loads)."""
+        return self.model_validate(self.model_dump() | update)
+
+
+def list_depth(annotation: Any) -> int:
+    """How deeply lists nest in a field's type, optional or not: 2 for `list[list[float]] | None`."""
+    if get_origin(annotation) is Annotated:
+        return list_depth(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, types.UnionType):
+        return max(list_depth(a) for a in get_args(annotation) if a is not type(None))
+    if get_origin(annotation) is list:
+        return 1 + list_depth(get_args(annotation)[0])
+    return 0
 
 
 # --------------------------------------------------------------------------- job spec
@@ -109,7 +129,7 @@ CapSchedule = Annotated[list[tuple[float, float | None]], AfterValidator(checked
 class DeviceTarget(Strict):
     """One device of a job: where to fine-tune and under which board power cap."""
 
-    device_id: str = Field(pattern=ID_PATTERN)
+    device_id: Identifier
     power_cap_w: float | None = Field(None, gt=0, description="board power cap in W; None = no cap")
     power_cap_schedule: CapSchedule | None = Field(
         None, max_length=MAX_CAP_STEPS,
@@ -256,7 +276,7 @@ class EstimationRequest(Strict):
 class DeviceInfo(Strict):
     """A device's identity as registered in the fleet."""
 
-    device_id: str = Field(pattern=ID_PATTERN)
+    device_id: Identifier
     device_type: str
     backend: str
     frequencies_hz: list[int]
@@ -313,6 +333,7 @@ class ProfileTable(Strict):
     observed_clock_hz: list[list[ClockObservation | None]] | None = Field(
         None, description="GPU clock sampled while each point's steps ran (Hz)"
     )
+    GRIDS: ClassVar[tuple[str, ...]]  # the per-point fields: every list of lists (set below)
 
     def measured_points(self) -> int:
         """How many (b, f) points were measured."""
@@ -321,7 +342,7 @@ class ProfileTable(Strict):
     @model_validator(mode="after")
     def _shapes(self) -> ProfileTable:
         rows, cols = len(self.batch_sizes), len(self.frequencies_hz)
-        for name in ("time_s", "peak_power_w", "energy_j", "observed_clock_hz"):
+        for name in self.GRIDS:
             table = getattr(self, name)
             if table is None:
                 continue
@@ -340,8 +361,26 @@ class ProfileTable(Strict):
         return self
 
 
+ProfileTable.GRIDS = tuple(name for name, f in ProfileTable.model_fields.items() if list_depth(f.annotation) == 2)
+
+
+class VectorProvenance(Strict):
+    """Where a relation vector's numbers come from: the proxy's runs on the server pool
+    ("proxy"), what earlier fine-tunes measured on the device's own data ("learned"), or a
+    fine-tune's closed loop correcting its prior with that evidence ("closed_loop")."""
+
+    source: Literal["proxy", "learned", "closed_loop"]
+    summary: str = Field(max_length=2000, description="in words, for `edgetrain vector show`")
+    prior_key: str | None = Field(None, description="the vector this one corrects (the proxy's), if any")
+    records: list[str] = Field(default_factory=list, description="the fine-tune records it learned from (record ids)")
+    measured_batch_sizes: list[int] = Field(
+        default_factory=list, description="batch sizes whose N_b runs on the device's data measured (the rest: the prior's)"
+    )
+
+
 class RelationVector(Strict):
-    """r_b = N_b / N_{b_max} from proxy training; None = censored (never reached the target)."""
+    """r_b = N_b / N_{b_max} from proxy training; None = censored (never reached the target).
+    Every list has one entry per batch size (`PER_BATCH_SIZE`)."""
 
     batch_sizes: list[int] = Field(min_length=1)
     ratios: list[float | None]
@@ -356,11 +395,18 @@ class RelationVector(Strict):
     key: str | None = None
     reference_batch_size: int | None = Field(None, description="b_max: the largest batch size that reached the target")
     request: EstimationRequest | None = Field(None, description="what the vector was estimated from")
+    provenance: VectorProvenance | None = Field(
+        None, description="where the numbers come from; None: proxy runs on the server pool, as `request` says"
+    )
+
+    PER_BATCH_SIZE: ClassVar[tuple[str, ...]]  # every list field but batch_sizes (set below)
 
     @model_validator(mode="after")
     def _shapes(self) -> RelationVector:
-        if len(self.ratios) != len(self.batch_sizes):
-            raise ValueError("ratios must have one value per batch size")
+        for name in self.PER_BATCH_SIZE:
+            values = getattr(self, name)
+            if values is not None and len(values) != len(self.batch_sizes):
+                raise ValueError(f"{name} must have one value per batch size ({len(self.batch_sizes)}), not {len(values)}")
         if any(r is not None and r <= 0 for r in self.ratios):
             raise ValueError("ratios: every ratio must be positive (None for a censored batch size)")
         if any(n is not None and n < 0 for n in self.samples_mean or []):
@@ -388,6 +434,11 @@ class RelationVector(Strict):
     def samples_std_for(self, batch_size: int) -> float | None:
         """N_b, standard deviation over seeds (samples); None when censored or not recorded."""
         return self._at(self.samples_std, batch_size)
+
+
+RelationVector.PER_BATCH_SIZE = tuple(
+    name for name, f in RelationVector.model_fields.items() if name != "batch_sizes" and list_depth(f.annotation) == 1
+)
 
 
 class AccuracyBracket(Strict):
@@ -443,11 +494,13 @@ class ConfigSwitch(Strict):
     """A change of configuration while fine-tuning, at `device_time_s` (s since the fine-tune
     started) after `samples` samples: a new cap (`cause` "cap"), the power guard stepping the
     frequency down or back up ("guard"), a pause at idle clocks because no configuration meets
-    the cap ("pause"; no new configuration) and the resume after it ("resume")."""
+    the cap ("pause"; no new configuration) and the resume after it ("resume"), or the closed
+    loop re-selecting with what the device measured on its own data ("evidence"; the note
+    gives the evidence)."""
 
     device_time_s: float
     samples: int
-    cause: Literal["cap", "guard", "pause", "resume"]
+    cause: Literal["cap", "guard", "pause", "resume", "evidence"]
     power_cap_w: float | None = Field(description="the cap in force (W)")
     old_batch_size: int | None
     old_frequency_hz: int | None
@@ -474,14 +527,26 @@ class PowerGuardReport(Strict):
     peak_over_cap_w: float = Field(0.0, description="the largest reading above the cap in force (W; 0: never over)")
 
 
+class ConfigurationRun(Strict):
+    """How much of a fine-tune ran at one (batch size, frequency)."""
+
+    batch_size: int
+    frequency_hz: int
+    samples: int = 0
+    device_time_s: float = 0.0
+
+
 class RunReport(Strict):
-    """What `finetune` measured on the device."""
+    """What `finetune` measured on the device. `batch_size` and `frequency_hz` are the
+    configuration it ended with; `configurations` lists every one that ran (caps, the power
+    guard and re-selections change it while it trains)."""
 
     device_id: str
     device_type: str
     simulated: bool
     batch_size: int
     frequency_hz: int
+    configurations: list[ConfigurationRun] = Field(default_factory=list, description="what ran at each (b, f), in order")
     reached: bool
     final_accuracy: float
     samples_to_accuracy: int | None
@@ -497,3 +562,6 @@ class RunReport(Strict):
     switches: list[ConfigSwitch] = Field(default_factory=list, description="configuration changes while fine-tuning")
     paused_s: float = Field(0.0, description="device time spent paused at idle clocks: no configuration met the cap (s)")
     guard: PowerGuardReport = Field(default_factory=PowerGuardReport)
+    learned: VectorProvenance | None = Field(
+        None, description="where the vector it last selected with came from, when not the proxy's (the closed loop)"
+    )

@@ -6,16 +6,20 @@
   `artifact:<file name>#sha256=<64 hex digits>`, resolved inside `EDGETRAIN_ARTIFACT_DIR`.
 - Data: `dataset.path` relative to the data roots (`EDGETRAIN_DATA_ROOTS`, default
   `EDGETRAIN_DATA_DIR`), without `..`; a worker resolves it (symbolic links included) and
-  refuses anything that lands outside the roots.
+  refuses anything that lands outside the roots, then checks every file and folder it opens
+  there again, by what it opened (`open_inside`), so a folder swapped for a link between the
+  check and the read is refused.
 
 The checks on the form (`*_problem`) need no configuration and run on the client; the
-resolving ones (`confine`, `data_path`, `artifact_path`) run where the file is read.
+resolving ones (`confine`, `data_path`, `artifact_path`, `open_inside`) run where the file is
+read.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
@@ -115,24 +119,57 @@ def data_path_problem(path: str) -> str | None:
     return None
 
 
+DATA_ROOTS = "the data roots (EDGETRAIN_DATA_ROOTS, default EDGETRAIN_DATA_DIR)"
+READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK  # a FIFO or device never blocks the open
+
+
+def _inside(path: str | Path, roots: Sequence[Path]) -> bool:
+    return any(Path(path).is_relative_to(os.path.realpath(root)) for root in roots)
+
+
 def confine(path: Path, roots: Sequence[Path], field: str, where: str) -> Path:
     """`path` with symbolic links resolved, if it lies inside one of `roots` (resolved too);
-    RefusedError naming `field` otherwise. The path need not exist."""
+    RefusedError naming `field` otherwise. The path need not exist. It is checked by name:
+    read it with `open_inside`, which checks what was opened."""
     resolved = Path(os.path.realpath(path))
-    for root in roots:
-        if resolved.is_relative_to(os.path.realpath(root)):
-            return resolved
+    if _inside(resolved, roots):
+        return resolved
     raise RefusedError(f"{field}: {str(path)!r} is outside {where}: {[str(r) for r in roots]}")
+
+
+def opened_path(fd: int) -> str:
+    """The real path of the file open at `fd`, as the kernel knows it (Linux: /proc/self/fd)."""
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+def open_inside(path: Path, roots: Sequence[Path], folder: bool = False, field: str = "dataset.path", where: str = DATA_ROOTS) -> int:
+    """A file descriptor of `path`, a regular file (or, with `folder`, a folder), checked twice:
+    its path (links resolved) before it is opened, and the file the kernel opened, by its real
+    path and type, before anything is read from it. RefusedError naming `field` when either lies
+    outside `roots`: a folder swapped for a link after the first check is refused, not read."""
+    resolved = confine(path, roots, field, where)
+    fd = os.open(resolved, READ_FLAGS | (os.O_DIRECTORY if folder else 0))
+    try:
+        if not _inside(opened_path(fd), roots):
+            raise RefusedError(f"{field}: {str(path)!r} is outside {where}: {[str(r) for r in roots]} (it changed after it was checked)")
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode)):
+            raise RefusedError(f"{field}: {str(path)!r} is not a {'folder' if folder else 'regular file'}")
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def data_path(path: str, roots: Sequence[Path]) -> Path:
     """A dataset.path resolved inside the data roots: a relative one under the first root where
-    it exists (else the first root), an absolute one only when it lies inside a root."""
+    it exists (else the first root), an absolute one only when it lies inside a root. Checked by
+    name: read what it names with `open_inside`."""
     if "\x00" in path or ".." in PurePosixPath(path).parts:
         raise RefusedError(f"dataset.path: {data_path_problem(path)}")
-    where = "the data roots (EDGETRAIN_DATA_ROOTS, default EDGETRAIN_DATA_DIR)"
     if Path(path).is_absolute():
-        return confine(Path(path), roots, "dataset.path", where)
+        return confine(Path(path), roots, "dataset.path", DATA_ROOTS)
     candidates = [Path(root) / path for root in roots]
     found = next((c for c in candidates if c.exists()), candidates[0])
-    return confine(found, roots, "dataset.path", where)
+    return confine(found, roots, "dataset.path", DATA_ROOTS)

@@ -37,11 +37,18 @@ class SelectionError(ValueError):
 class InfeasibleCapError(SelectionError):
     """No measured configuration meets the power cap."""
 
+    PHRASE = "is below what any configuration needs"
+
     def __init__(self, power_cap_w: float, lowest_cap_w: float | None):
         self.power_cap_w = power_cap_w
         self.lowest_cap_w = lowest_cap_w
         need = f"the lowest cap that would work is {lowest_cap_w:.2f} W" if lowest_cap_w else "no configuration was measured"
-        super().__init__(f"power cap {power_cap_w:.2f} W is below what any configuration needs: {need}")
+        super().__init__(f"power cap {power_cap_w:.2f} W {self.PHRASE}: {need}")
+
+    @classmethod
+    def describes(cls, reason: str | None) -> bool:
+        """Whether `reason` (a failed part's) is this error's message: its cap was too low."""
+        return reason is not None and reason.startswith("power cap ") and cls.PHRASE in reason
 
 
 def highest_feasible_index(row: list[float | None], power_cap_w: float | None) -> int | None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .keys import DEFAULT_PREFIX
+from .redis_address import sentinel_address
 from .secret_files import read_secret, url_with_password
 
 
@@ -19,7 +20,10 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="EDGETRAIN_")
 
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="redis://, rediss:// or unix:// URL")
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="redis://, rediss:// or unix:// URL, or Redis Sentinel: sentinel://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...]/MASTER/DB",
+    )
     key_prefix: str = Field(DEFAULT_PREFIX, pattern=r"^[A-Za-z0-9_.-]+$", description="prefix of edgetrain's Redis keys")
     artifact_dir: Path = Field(Path.home() / ".cache" / "edgetrain" / "artifacts")
     data_dir: Path = Field(Path.home() / ".cache" / "edgetrain" / "data")
@@ -37,6 +41,11 @@ class Settings(BaseSettings):
     profile_time_limit_s: int = Field(4 * 3600, gt=0, description="hard time limit of profiling one table (s)")
     training_time_limit_s: int = Field(12 * 3600, gt=0, description="hard time limit of a fine-tune, proxy run or pre-training (s)")
     visibility_timeout_s: int = Field(13 * 3600, gt=0, description="broker redelivery timeout (s): a last resort, longer than any task")
+    job_retention_s: float = Field(
+        7 * 24 * 3600, ge=0, description="how long a finished job stays in Redis (s); 0: until `edgetrain jobs prune`"
+    )
+    log_format: Literal["text", "json"] = Field("text", description="worker log lines: Celery's text, or one JSON object per line")
+    metrics_jobs: int = Field(100, gt=0, le=10_000, description="the exporter reports the newest this many jobs (and every unfinished one)")
 
     @model_validator(mode="after")
     def _timeouts(self) -> Settings:
@@ -80,6 +89,7 @@ class Settings(BaseSettings):
             self.redis_url = read_secret("redis_url_file", self.redis_url_file)
         if self.redis_password_file is not None:
             self.redis_url = url_with_password(self.redis_url, read_secret("redis_password_file", self.redis_password_file))
+        sentinel_address(self.redis_url)  # a malformed Sentinel address is refused here, naming redis_url
         return self
 
     def readable_data_roots(self) -> tuple[Path, ...]:

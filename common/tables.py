@@ -38,13 +38,18 @@ def fitting_rows(table: ProfileTable) -> list[int]:
     return [b for b in table.batch_sizes if table.max_batch_size is not None and b <= table.max_batch_size]
 
 
-def merge(old: ProfileTable, new: ProfileTable) -> ProfileTable:
-    """`old` with the rows of `new` added (a row of `new` replaces the same row of `old`).
+ROWS = ("batch_sizes", *ProfileTable.GRIDS)  # one entry per batch size
+COMBINED = ("max_batch_size", "points_measured", "created_at")  # recomputed by a merge
 
-    ValueError when they were not measured alike (frequencies, N_s, mode and cap, software):
-    such rows cannot be compared, and `new` alone is stored instead."""
-    alike = ("frequencies_hz", "samples", "mode", "power_cap_w", "produced_by", "device_type", "model", "input_shape")
-    differ = [f for f in alike if getattr(old, f) != getattr(new, f)]
+
+def merge(old: ProfileTable, new: ProfileTable) -> ProfileTable:
+    """`old` with the rows of `new` added (a row of `new` replaces the same row of `old`): every
+    per-row field (`ROWS`) row by row, a grid that either lacks left out; validated.
+
+    ValueError when they were not measured alike (any other field but `COMBINED` differs:
+    frequencies, N_s, mode and cap, software...): such rows cannot be compared, and `new`
+    alone is stored instead."""
+    differ = [f for f in ProfileTable.model_fields if f not in ROWS + COMBINED and getattr(old, f) != getattr(new, f)]
     if differ:
         raise ValueError(f"tables measured differently ({', '.join(differ)}): not merged")
     rows = {b: (old, old.batch_sizes.index(b)) for b in old.batch_sizes}
@@ -52,20 +57,16 @@ def merge(old: ProfileTable, new: ProfileTable) -> ProfileTable:
     sizes = sorted(rows)
     fits = set(fitting_rows(old)) - set(new.batch_sizes) | set(fitting_rows(new))
 
-    def column(name: str) -> list[list[float | None]] | None:
+    def column(name: str) -> list | None:
         if getattr(old, name) is None or getattr(new, name) is None:
             return None
-        return [list(getattr(rows[b][0], name)[rows[b][1]]) for b in sizes]
+        return [getattr(rows[b][0], name)[rows[b][1]] for b in sizes]
 
-    return new.model_copy(
-        update={
-            "batch_sizes": sizes,
-            "time_s": column("time_s"),
-            "peak_power_w": column("peak_power_w"),
-            "energy_j": column("energy_j"),
-            "max_batch_size": max(fits) if fits else None,
-            "points_measured": (old.points_measured or 0) + (new.points_measured or 0),
-        }
+    return new.validated_copy(
+        **{name: column(name) for name in ProfileTable.GRIDS},
+        batch_sizes=sizes,
+        max_batch_size=max(fits) if fits else None,
+        points_measured=(old.points_measured or 0) + (new.points_measured or 0),
     )
 
 
@@ -89,10 +90,4 @@ def rows_of(table: ProfileTable, batch_sizes: list[int]) -> ProfileTable:
     def pick(values: list | None) -> list | None:
         return None if values is None else [values[i] for i in keep]
 
-    return table.model_copy(
-        update={
-            "batch_sizes": [table.batch_sizes[i] for i in keep], "time_s": pick(table.time_s),
-            "peak_power_w": pick(table.peak_power_w), "energy_j": pick(table.energy_j),
-            "observed_clock_hz": pick(table.observed_clock_hz),
-        }
-    )  # fmt: skip
+    return table.validated_copy(**{name: pick(getattr(table, name)) for name in ROWS})

@@ -70,6 +70,7 @@ class Trainer:
         self._cursor = 0
         self.samples = 0
         self.steps = 0
+        self.test_loss: float | None = None  # of the last evaluation (nats)
 
     def _next_indices(self) -> torch.Tensor:
         if self._cursor + self.batch_size > len(self._order):
@@ -113,17 +114,22 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Accuracy on the test split (fraction; per character for sequence targets)."""
+        """Accuracy on the test split (fraction; per character for sequence targets); the mean
+        cross-entropy of the same pass is kept in `test_loss` (nats)."""
         if self.test is None:
             raise ValueError("no test split to evaluate on")
         self.model.eval()
         x, y = self.test
         correct = total = 0
+        loss_sum = 0.0
         for start in range(0, len(y), EVAL_CHUNK):
-            _, hits = loss_and_correct(self.model(x[start : start + EVAL_CHUNK]), y[start : start + EVAL_CHUNK])
+            chunk = y[start : start + EVAL_CHUNK]
+            loss, hits = loss_and_correct(self.model(x[start : start + EVAL_CHUNK]), chunk)
             correct += int(hits)
-            total += y[start : start + EVAL_CHUNK].numel()
+            total += chunk.numel()
+            loss_sum += float(loss) * chunk.numel()
         self.model.train()
+        self.test_loss = loss_sum / total
         return correct / total
 
 
@@ -201,12 +207,13 @@ def train_to_accuracy(
     first step boundary past each interval); N_b is interpolated between the two evaluations
     around the crossing (see `crossing`). Steps run through `device` when one is given. A run
     resumed from a checkpoint (taken at an evaluation below the target) passes the trainer
-    restored to that point and the totals saved with it, whose history goes on. A `control`
+    restored to that point and the totals saved with it, whose history goes on; totals without
+    history start a new run and are added to as it goes. A `control`
     (with a `device`) sees every step boundary and measured step.
     """
     started = time.perf_counter()
-    resumed = totals is not None
-    run = totals or DeviceTotals()
+    run = totals if totals is not None else DeviceTotals()
+    resumed = bool(run.history)
 
     def evaluate() -> bool:
         accuracy = trainer.evaluate()

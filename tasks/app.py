@@ -8,6 +8,7 @@ from typing import Any
 
 from celery import Celery
 
+from edgetrain.common.redis_address import sentinel_address
 from edgetrain.common.settings import Settings
 
 from .contract import CONTROL_QUEUE, FIXED_ROUTES, TaskName
@@ -20,14 +21,19 @@ app = Celery("edgetrain", set_as_current=False)
 
 
 def broker_url(redis_url: str) -> str:
-    """kombu spells a Unix-socket Redis URL redis+socket://."""
+    """The broker's (and result backend's) URL for `redis_url`: kombu spells a Unix-socket
+    Redis URL redis+socket://, and a Sentinel address one sentinel:// URL per sentinel."""
+    if (sentinels := sentinel_address(redis_url)) is not None:
+        return sentinels.celery_url()
     return "redis+socket://" + redis_url.removeprefix("unix://") if redis_url.startswith("unix://") else redis_url
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Every Celery setting edgetrain relies on, the same in every process of a cluster."""
     url = broker_url(settings.redis_url)
-    transport = {"visibility_timeout": settings.visibility_timeout_s}
+    transport: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout_s}
+    if (sentinels := sentinel_address(settings.redis_url)) is not None:
+        transport["master_name"] = sentinels.master_name
     return {
         "broker_url": url,
         "result_backend": url,
@@ -40,6 +46,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
         "broker_connection_retry_on_startup": True,
+        "broker_channel_error_retry": True,  # an error reply (a full Redis) makes the worker reconnect, not stop
+        "worker_consumer": "edgetrain.tasks.consumer:Consumer",  # drops malformed messages, waits out a full Redis
         "result_expires": 7 * 24 * 3600,
         "task_track_started": True,
         "worker_send_task_events": True,

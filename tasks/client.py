@@ -13,11 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import redis
 from pydantic import ValidationError
 
 from edgetrain.common.admission import dataset_refs, spec_problems
 from edgetrain.common.datasets import USER_DATA, DatasetMissingError, locate
-from edgetrain.common.jobs import JobState, JobStatus, JobSummary, PartState
+from edgetrain.common.documents import nesting_problem
+from edgetrain.common.ids import checked_id
+from edgetrain.common.jobs import DevicePart, JobState, JobStatus, JobSummary, PartState
 from edgetrain.common.keys import (
     DEFAULT_PREFIX,
     table_id,
@@ -26,7 +29,10 @@ from edgetrain.common.keys import (
     vector_resource,
 )
 from edgetrain.common.models import get_model
+from edgetrain.common.part_events import Refused, Requeued
 from edgetrain.common.payloads import PretrainRequest, PretrainResult, profile_request
+from edgetrain.common.progress import EstimationProgress, Preparation, ProfilingProgress, estimation_progress
+from edgetrain.common.redis_health import RedisFull, RedisUnsafe, full_message, refuse_unsafe
 from edgetrain.common.reports import JobReport
 from edgetrain.common.schemas import (
     DatasetRef,
@@ -39,14 +45,16 @@ from edgetrain.common.schemas import (
     RelationVector,
 )
 from edgetrain.common.settings import Settings, get_settings
-from edgetrain.common.store import JobNotFoundError, Store, claim_token
+from edgetrain.common.store import JobNotFoundError, LiveWorker, Store, claim_token
+from edgetrain.common.store.resources import OnSetAside
 
 from .app import producer_app
 from .contract import TaskName, device_queue, send
 from .diagnosis import stalled
 
 __all__ = [
-    "EdgeTrainClient", "JobNotFoundError", "JobSpecError", "Pending", "ResourceFailed", "poll_until", "validate_job",
+    "EdgeTrainClient", "JobNotFoundError", "JobSpecError", "Pending", "RedisFull", "RedisUnsafe", "ResourceFailed",
+    "poll_until", "validate_job",
 ]  # fmt: skip
 
 
@@ -60,6 +68,8 @@ def validate_job(spec: JobSpec | dict[str, Any]) -> JobSpec:
     model's module is checked against EDGETRAIN_ALLOWED_MODEL_MODULES when this process has
     it (the workers always do)."""
     raw = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else spec
+    if problem := nesting_problem(raw):
+        raise JobSpecError(f"invalid job spec:\n  (job): {problem}")
     lines = []
     try:
         job = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
@@ -136,19 +146,69 @@ class EdgeTrainClient:
         self.owner = f"client:{socket.gethostname()}:{os.getpid()}"  # who claims what this client produces
 
     def submit(self, job_spec: JobSpec | dict[str, Any]) -> str:
-        """Validate and enqueue a job; returns its id."""
+        """Validate and enqueue a job; returns its id. RedisUnsafe when Redis evicts keys (it
+        would lose the job without a word), RedisFull when it has no room for it."""
         job = validate_job(job_spec)
+        try:
+            refuse_unsafe(self.store.redis_facts(), "to submit")
+        except redis.ResponseError:  # INFO not allowed to this user: Redis itself refuses a job it has no room for
+            pass
         job_id = uuid.uuid4().hex[:12]
-        self.store.jobs.create(job_id, job)
-        send(self.app, TaskName.advance_job, job_id)
+        try:
+            self.store.jobs.create(job_id, job)
+        except redis.exceptions.OutOfMemoryError:
+            raise RedisFull(full_message(self.store.redis_facts())) from None
+        try:
+            send(self.app, TaskName.advance_job, job_id)
+        except redis.exceptions.OutOfMemoryError:
+            raise RedisFull(f"{full_message(self.store.redis_facts())}; job {job_id} was recorded but not queued: "
+                            "submit it again once Redis has room") from None  # fmt: skip
         return job_id
 
     def status(self, job_id: str) -> JobStatus:
         """The job's state, parts, progress and events, with notes on what it waits for that
-        no live worker will do; JobNotFoundError for an unknown id."""
-        status = self.store.jobs.status(job_id)
-        workers = self.store.liveness.workers(self.settings.heartbeat_ttl_s)
-        return status.model_copy(update={"notes": stalled(status, workers)})
+        no live worker will do and how far the tables and vector it waits for are; a part
+        that failed before its device's type was recorded shows the type it is registered
+        with. JobNotFoundError for an unknown id (saying so when the store was reset since:
+        Redis restarted without persistence), InvalidIdError for one that is not an id."""
+        try:
+            status = self.store.jobs.status(checked_id(job_id, "job_id"))
+        except JobNotFoundError as exc:
+            identity = self.store.identity.current()
+            note = identity.reset_note() if identity else None
+            raise JobNotFoundError(f"{exc.args[0]}; {note}" if note else exc.args[0]) from None
+        return status.model_copy(
+            update={"notes": stalled(status, self.workers()), "preparation": self._preparation(status), "parts": self._identified(status)}
+        )
+    def _preparation(self, status: JobStatus) -> Preparation:
+        """The vector and tables that unfinished parts wait for, while they are made."""
+        waiting = [p for p in status.parts.values() if p.state in (PartState.profiling, PartState.estimating)]
+        if not waiting:
+            return Preparation()
+        types = sorted({p.device_type for p in waiting if p.state == PartState.profiling and p.device_type})
+        profiling = {t: progress for t in types if (progress := self.profiling_progress(t, status.spec.model)) and not progress.done}
+        return Preparation(estimation=self.estimation_progress(status.spec.estimation_request()), profiling=profiling)
+
+    def _identified(self, status: JobStatus) -> dict[str, DevicePart]:
+        """The parts, those without a device type given the one their device is registered with."""
+        unknown = [d for d, p in status.parts.items() if p.device_type is None]
+        devices = self.store.fleet.devices_by_id(unknown)
+        return status.parts | {
+            d: status.parts[d].model_copy(update={"device_type": info.device_type, "simulated": info.simulated})
+            for d, info in devices.items()
+        }
+
+    def estimation_progress(self, request: EstimationRequest) -> EstimationProgress | None:
+        """How far the estimation of `request`'s relation vector is (each batch size and seed
+        waiting, running or done); None once the vector is stored."""
+        key = vector_key(request)
+        if self.store.resources.vector(key) is not None:
+            return None
+        return estimation_progress(key, request, self.store.resources.vector_parts(key), self.store.progress.proxy_runs(key))
+
+    def profiling_progress(self, device_type: str, model: str) -> ProfilingProgress | None:
+        """How far the latest profile of `model` on `device_type` got (`done` once measured), if one reported."""
+        return self.store.progress.profiling(device_type, model)
 
     def wait(
         self,
@@ -158,7 +218,9 @@ class EdgeTrainClient:
         poll_s: float = 0.5,
     ) -> JobStatus:
         """Poll until every device part is completed, failed or cancelled; `on_update` sees
-        each status that differs from the one before (states, progress, notes, events)."""
+        each status that differs from the one before (states, progress, notes, events, the
+        tables and vector being made). TimeoutError after `timeout_s` (s); the job goes on."""
+        checked_id(job_id, "job_id")
         seen: list[str] = []
 
         def finished() -> JobStatus | None:
@@ -177,7 +239,9 @@ class EdgeTrainClient:
     def set_power_cap(self, device_id: str, power_cap_w: float | None) -> DeviceCap:
         """Set the board power cap of `device_id` (W; None = no cap): a fine-tune running there
         re-selects (b, f) for it at its next step, and pauses at idle clocks while no
-        configuration meets it. ValueError for a cap that is not a positive number of watts."""
+        configuration meets it. ValueError for a cap that is not a positive number of watts
+        (InvalidIdError, a ValueError, for a device id that is not an id)."""
+        checked_id(device_id, "device_id")
         if power_cap_w is not None and not (math.isfinite(power_cap_w) and power_cap_w > 0):
             raise ValueError(f"power_cap_w: {power_cap_w!r} is not allowed: a finite number of watts above 0, or None for no cap")
         return self.store.fleet.set_power_cap(device_id, power_cap_w)
@@ -186,35 +250,40 @@ class EdgeTrainClient:
         """Devices with a live heartbeat."""
         return self.store.fleet.devices()
 
+    def workers(self) -> list[LiveWorker]:
+        """Workers with a live heartbeat: role, node, queues, host and last heartbeat."""
+        return self.store.liveness.workers(self.settings.heartbeat_ttl_s)
+
     def jobs(self, state: JobState | None = None, limit: int = 100) -> list[JobSummary]:
         """The newest jobs (at most `limit`), newest first, or those in `state`."""
         return [j for j in self.store.jobs.summaries(limit) if state is None or j.state == state]
 
     def cancel(self, job_id: str) -> JobStatus:
-        """Stop a job: nothing more of it is dispatched, running fine-tunes stop at their next
-        step and restore their device. JobNotFoundError for an unknown id."""
-        self.store.jobs.cancel(job_id)
+        """Stop a job: nothing more of it is dispatched, parts that no attempt runs are cancelled
+        at once, running fine-tunes checkpoint, stop at their next step and restore their device.
+        JobNotFoundError for an unknown id, JobFinished (nothing changed) when every part has
+        finished already."""
+        self.store.jobs.cancel(checked_id(job_id, "job_id"))
         send(self.app, TaskName.advance_job, job_id)
         return self.status(job_id)
 
     def requeue(self, job_id: str, device_id: str) -> None:
-        """Plan a failed or cancelled part of a job again (a job that is cancelled stays so)."""
-        part = self.store.jobs.part(job_id, device_id)
-        if self.store.jobs.cancelled(job_id):
-            raise ValueError(f"job {job_id} is cancelled: submit it again instead")
-        if part.state not in (PartState.failed, PartState.cancelled):
-            raise ValueError(f"{device_id} of job {job_id} is {part.state.value}: only a failed or cancelled part is re-queued")
-        self.store.jobs.requeue(job_id, device_id, part.state)
-        for marker in (f"finetune:{job_id}:{device_id}", f"finished:{job_id}"):
-            self.store.coordination.forget(marker)
+        """Plan a part of a job again: a failed or cancelled one (also of a cancelled job), or a
+        fine-tune that no attempt runs; a checkpoint it left is continued from. ValueError
+        saying what to do otherwise."""
+        try:
+            self.store.jobs.apply(checked_id(job_id, "job_id"), checked_id(device_id, "device_id"), Requeued())
+        except Refused as exc:
+            raise ValueError(f"{device_id} of job {job_id} is not re-queued: {exc}") from None
         send(self.app, TaskName.advance_job, job_id)
 
-    def job_vector(self, job_id: str) -> RelationVector | None:
-        """The relation vector a job selects with, once estimated."""
-        record = self.store.jobs.record(job_id)
+    def job_vector(self, job_id: str, on_set_aside: OnSetAside | None = None) -> RelationVector | None:
+        """The relation vector a job selects with, once estimated (and loadable: see
+        `ResourceStore.vector` for `on_set_aside`)."""
+        record = self.store.jobs.record(checked_id(job_id, "job_id"))
         if record is None:
             raise JobNotFoundError(f"no job {job_id!r}")
-        return self.store.resources.vector(vector_key(record.spec.estimation_request()))
+        return self.store.resources.vector(vector_key(record.spec.estimation_request()), on_set_aside)
 
     def estimate(self, request: EstimationRequest | dict[str, Any], timeout_s: float | None = None) -> RelationVector:
         """Estimate (or fetch the cached) relation vector on the server pool and wait for it."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from celery import Celery
+from celery import Celery, current_task
 
 from edgetrain.common.devices.base import Device
 from edgetrain.common.settings import Settings, get_settings
@@ -13,6 +13,7 @@ from edgetrain.common.store import Store
 
 from .app import TASK_MODULES, configure
 from .app import app as celery_app
+from .contract import RETRIES, queue_role
 
 
 @dataclass
@@ -33,7 +34,8 @@ def init(settings: Settings, task_modules: tuple[str, ...] | None = None) -> Sto
     """Configure this process (the Celery app and the store) from `settings`."""
     global _process
     configure(settings, task_modules or TASK_MODULES)
-    _process = _Process(settings, Store.connect(settings.redis_url, settings.key_prefix, patient=True))
+    store = Store.connect(settings.redis_url, settings.key_prefix, patient=True, job_retention_s=settings.job_retention_s or None)
+    _process = _Process(settings, store)
     return _process.store
 
 
@@ -81,5 +83,10 @@ def bound_device(device_id: str) -> Device:
 
 def attempts_exceeded(task_id: str) -> bool:
     """Count a delivery of a task; True once a redelivered task (its worker died) has been
-    tried more often than the retry cap allows."""
-    return store().coordination.count_attempt(task_id) > settings().task_max_retries + 1
+    tried more often than the retry cap allows. A redelivery counts as a retry of the role
+    whose queue delivered it."""
+    deliveries = store().coordination.count_attempt(task_id)
+    if deliveries > 1:
+        queue = (current_task.request.delivery_info or {}).get("routing_key") if current_task else None
+        store().monitoring.count(RETRIES, queue_role(queue))
+    return deliveries > settings().task_max_retries + 1

@@ -7,15 +7,21 @@ Queues: `server` (proxy training and pre-training, scaled by adding server worke
 
 from __future__ import annotations
 
+import uuid
 from enum import Enum
 from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
 from celery.result import AsyncResult
 from pydantic import BaseModel
 
+from edgetrain.common.ids import is_id
+from edgetrain.common.store.coordination import token_job
+from edgetrain.common.store.ledger import SentTask, TaskLedger
+
 SERVER_QUEUE = "server"
 CONTROL_QUEUE = "control"
+TASK_PROGRESS_EVENT = "task-progress"  # Flower shows the task in state PROGRESS
 
 
 class TaskName(str, Enum):
@@ -39,6 +45,18 @@ def device_queue(device_id: str) -> str:
     return f"device.{device_id}"
 
 
+ROLES = ("control", "server", "device")
+HANDED_ON, RETRIES = "handed_on", "retries"  # counters by role (store.monitoring): tasks of lost workers handed on, redeliveries run
+
+
+def queue_role(queue: str | None) -> str:
+    """The role of the workers that consume `queue`: control, server or device ("unknown"
+    for a queue edgetrain does not name)."""
+    if queue in (CONTROL_QUEUE, SERVER_QUEUE):
+        return queue
+    return "device" if queue and queue.startswith("device.") else "unknown"
+
+
 FIXED_ROUTES: dict[TaskName, str] = {
     TaskName.advance_job: CONTROL_QUEUE,
     TaskName.advance_page: CONTROL_QUEUE,
@@ -48,27 +66,67 @@ FIXED_ROUTES: dict[TaskName, str] = {
 }  # profile_device and finetune go to the queue of the device they name
 
 
-def label(task: TaskName, body: dict[str, Any] | str) -> str:
-    """How a task shows in logs and Flower: its name and whom it serves, e.g.
-    `edgetrain.finetune[3f2a9c/nano-1]` (job/device) or `edgetrain.train_proxy[b=16 seed=0]`."""
+def claiming_job(owner: object) -> str | None:
+    """The job of a claim's owner (a job id or a job's claim token), None for a command's."""
+    job = token_job(owner) if isinstance(owner, str) else None
+    return job if is_id(job) else None
+
+
+def label(task: TaskName, body: dict[str, Any] | str, job_id: str | None = None) -> str:
+    """How a task shows in logs and Flower: its name, the job it serves and what it does, e.g.
+    `edgetrain.finetune[3f2a9c4d1e07/nano-1 b=16 f=844800000]` (job/device, the chosen batch
+    size and setting), `edgetrain.train_proxy[3f2a9c4d1e07 b=8 seed=1]`. The job comes from the
+    payload (its `job_id`, or the job whose claim a profile request holds), else `job_id`."""
     if isinstance(body, str):
         return f"{task.value}[{body}]"
     if task == TaskName.advance_page:
         return f"{task.value}[{body.get('job_id')} page {body.get('page')}]"
-    subject = "/".join(str(body[k]) for k in ("job_id", "device_id") if body.get(k))
+    job = body.get("job_id") or job_id or claiming_job(body.get("owner"))
     if task == TaskName.profile_device:
         subject = f"{body.get('device_id')} {body.get('model')}"
+    elif task == TaskName.finetune:
+        subject = f"{body.get('device_id')} b={body.get('batch_size')} f={body.get('frequency_hz')}"
     elif task == TaskName.train_proxy:
         subject = f"b={body.get('batch_size')} seed={body.get('seed')}"
-    elif task in (TaskName.estimate_relation_vector, TaskName.pretrain):
+    else:  # estimate_relation_vector, pretrain
         subject = str(body.get("model") or body.get("request", {}).get("model"))
-    return f"{task.value}[{subject}]"
+    sep = "/" if task in (TaskName.profile_device, TaskName.finetune) else " "
+    return f"{task.value}[{job}{sep}{subject}]" if job else f"{task.value}[{subject}]"
 
 
-def send(app: Celery, task: TaskName, payload: BaseModel | str, queue: str | None = None) -> AsyncResult:
-    """Send `task` with its payload to `queue` (default: its fixed route)."""
+def show_progress(task: Task, text: str) -> None:
+    """Show how far a running task is where Flower shows a task: its state becomes PROGRESS
+    and its result `text` (a custom task event; the task's own result replaces it at the end)."""
+    task.send_event(TASK_PROGRESS_EVENT, result=text)
+
+
+def send(
+    app: Celery, task: TaskName, payload: BaseModel | dict[str, Any] | str, queue: str | None = None, job_id: str | None = None,
+    task_id: str | None = None,
+) -> AsyncResult:
+    """Send `task` with its payload to `queue` (default: its fixed route), as task `task_id`
+    (default: a new id); `job_id` names the job it serves in its label when the payload does
+    not. The message is pushed onto the queue's list and nothing else (no declaration, which
+    would read the queue), so a sender needs only the right to push there (workers/redis_acl.py)."""
     route = queue or FIXED_ROUTES.get(task)
     if route is None:
         raise ValueError(f"{task.value} goes to a device queue: name the queue")
     body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
-    return app.send_task(task.value, args=[body], queue=route, shadow=label(task, body))
+    return app.send_task(task.value, args=[body], queue=route, shadow=label(task, body, job_id), task_id=task_id, declare=[])
+
+
+def send_tracked(
+    app: Celery, ledger: TaskLedger, task: TaskName, payload: BaseModel | str, queue: str | None = None, job_id: str | None = None
+) -> AsyncResult:
+    """`send`, written down in the ledger first (common/store/ledger.py): a message Redis loses
+    is sent again by the reaper until the task has run."""
+    route = queue or FIXED_ROUTES[task]
+    body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+    sent = SentTask(task_id=uuid.uuid4().hex, task=task.value, queue=route, payload=body, job_id=job_id)
+    ledger.record(sent)
+    return send(app, task, payload, route, job_id, sent.task_id)
+
+
+def send_again(app: Celery, sent: SentTask) -> AsyncResult:
+    """Send a task of the ledger again, under its own task id."""
+    return send(app, TaskName(sent.task), sent.payload, sent.queue, sent.job_id, sent.task_id)

@@ -2,63 +2,57 @@
 
 A task first checks that it reached the worker of the device it names; one that reached
 another worker raises WrongDeviceError and changes nothing. Device workers run tasks in a pool
-child, so a model that kills its process does not take the worker down: `on_lost_child`
-(in the worker's main process) fails the part or the table with the reason."""
+child, so a model that kills its process does not take the worker down: tasks/stopped.py (in
+the worker's main process) fails the part or the table with the reason."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery import Task
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Reject, SoftTimeLimitExceeded
 from celery.utils.log import get_task_logger
+from redis import RedisError
 
-from edgetrain.common.adaptive import AdaptiveControl, CapFollower, Switched
-from edgetrain.common.artifacts import initial_model
-from edgetrain.common.checkpoints import (
-    checkpoint_name,
-    load_checkpoint,
-    save_checkpoint,
-)
-from edgetrain.common.datasets.loading import load_dataset
-from edgetrain.common.devices.base import Device
-from edgetrain.common.jobs import (
-    AttemptLog,
-    CheckpointRef,
-    EventKind,
-    FinetuneProgress,
-    PartState,
-)
-from edgetrain.common.keys import table_id, table_resource
+from edgetrain.common.checkpoints import remove_checkpoints
+from edgetrain.common.finetune import Cancelled, FineTune, Options, Stopping, Superseded
+from edgetrain.common.jobs import CheckpointRef, EventKind, FinetuneProgress, PartState
+from edgetrain.common.keys import learned_key, similar_key, table_id
+from edgetrain.common.learned import FinetuneRecord, data_identity
 from edgetrain.common.models import get_model
-from edgetrain.common.payloads import FinetuneRequest, ProfileRequest, ProfileResult
-from edgetrain.common.planner import resource_ids, strategy_for
-from edgetrain.common.profiling import profile
-from edgetrain.common.schemas import ConfigSwitch, LearningRatePolicy, PowerGuardReport, RunReport
-from edgetrain.common.tables import merge, storable_problem
-from edgetrain.common.training import (
-    DeviceTotals,
-    Trainer,
-    make_optimizer,
-    train_to_accuracy,
+from edgetrain.common.part_events import (
+    AttemptCancelled,
+    AttemptFailed,
+    AttemptFinished,
+    AttemptNoticed,
+    AttemptStarted,
+    AttemptStopped,
+    PartEvent,
+    Refused,
+    ReportMismatch,
+    request_digest,
 )
-from edgetrain.common.workload import measure_workload
+from edgetrain.common.payloads import FinetuneRequest, ProfileRequest, ProfileResult, profile_resource
+from edgetrain.common.profiling import profile
+from edgetrain.common.schemas import LearningRatePolicy, RunReport
+from edgetrain.common.store import Applied, JobNotFoundError, Store, Written
+from edgetrain.common.tables import merge, storable_problem
 
 from .app import app
-from .context import attempts_exceeded, bound_device, bound_device_id, settings, store
+from .context import attempts_exceeded, bound_device, settings, store
 from .contract import TaskFailed, TaskName
+from .leases import attempt_token
+from .reporting import finetune_reporter, profiling_reporter
 from .workflow import advance_device, fail_resource, notify_waiters
 
 logger = get_task_logger(__name__)
-SPLIT_SEED = 0
 DEVICE_TASK_OPTIONS: dict[str, Any] = {"bind": True, "pydantic": True, "reject_on_worker_lost": False}
-
-
-def _table_resource(request: ProfileRequest) -> str:
-    return table_resource(table_id(request.device_type, request.model, get_model(request.model).input_shape))
 
 
 @app.task(name=TaskName.profile_device.value, **DEVICE_TASK_OPTIONS)
@@ -66,7 +60,7 @@ def profile_device(self: Task, request: ProfileRequest) -> ProfileResult | None:
     """Measure T[b][f] and P[b][f] for the model and store the table for the device type."""
     device = bound_device(request.device_id)
     s = store()
-    resource = _table_resource(request)
+    resource = profile_resource(request)
     if s.coordination.holder(resource) != request.owner:  # released after a lost attempt, and re-planned
         logger.info("profile request of %s is stale: %s no longer holds %s", request.device_id, request.owner, resource)
         return None
@@ -77,10 +71,10 @@ def profile_device(self: Task, request: ProfileRequest) -> ProfileResult | None:
     try:
         table = profile(
             device, get_model(request.model), request.batch_sizes, request.options,
-            LearningRatePolicy(optimizer=request.optimizer), request.power_cap_w,
+            LearningRatePolicy(optimizer=request.optimizer), request.power_cap_w, profiling_reporter(self, request.device_id),
         )  # fmt: skip
     except Exception as exc:
-        reason = f"profiling on {request.device_id} failed: {_describe(exc)}"
+        reason = f"profiling on {request.device_id} failed: {describe(exc)}"
         fail_resource(resource, reason)
         raise TaskFailed(reason) from exc
     if problem := storable_problem(table):  # never store an empty table over a good one
@@ -101,197 +95,161 @@ def profile_device(self: Task, request: ProfileRequest) -> ProfileResult | None:
 
 @app.task(name=TaskName.finetune.value, **DEVICE_TASK_OPTIONS)
 def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
-    """Fine-tune with the selected (batch size, frequency) until the target accuracy,
-    continuing from the last checkpoint when an earlier attempt died."""
-    bound_device(request.device_id)
-    s = store()
-    job_id, device_id = request.job_id, request.device_id
-    if s.jobs.part(job_id, device_id).state != PartState.finetuning:  # done already (redelivered) or not selected
-        logger.info("finetune %s/%s skipped: the part is %s", job_id, device_id, s.jobs.part(job_id, device_id).state.value)
-        return None
+    """Run the fine-tune the control worker dispatched as this task (common/finetune.py) as one
+    attempt of its part: the part accepts it only for the task and request it dispatched and
+    while no other attempt runs it; a checkpoint of an earlier attempt is continued from."""
+    device = bound_device(request.device_id)
+    s, job_id, device_id = store(), request.job_id, request.device_id
+    attempt = attempt_token(self.request.id)
+    checkpoint = s.jobs.checkpoint(job_id, device_id)
+    started = AttemptStarted(
+        dispatch=self.request.id, digest=request_digest(request), attempt=attempt, node=self.request.hostname or "?",
+        resumed_at_samples=checkpoint.samples if checkpoint else None, **_lost_work(s, job_id, device_id, checkpoint),
+    )  # fmt: skip
     try:
-        if attempts_exceeded(self.request.id):
-            raise RuntimeError("fine-tuning was interrupted too many times (worker lost)")
-        report = _finetune(request)
+        s.jobs.apply(job_id, device_id, started)
+    except (Refused, JobNotFoundError) as exc:
+        logger.info("finetune %s/%s not run: %s", job_id, device_id, exc)
+        return None
+    if attempts_exceeded(self.request.id):
+        _end(job_id, device_id, AttemptFailed(attempt=attempt, reason="fine-tuning was interrupted too many times (worker lost)"))
+        return None
+    worker = f"{self.request.hostname}:{os.getppid()}"  # the pool's main process: the worker instance
+    try:
+        memory = _Memory(request)
+        recipe = FineTune(request, device, _Writer(job_id, device_id, attempt, finetune_reporter(self)), Options(
+            attempt=attempt, artifact_dir=settings().artifact_dir, checkpoint_every_s=settings().checkpoint_every_s,
+            stop_requested=_stop_flag(worker), table=s.resources.table(request.table_id), vector=s.resources.vector(request.vector_key),
+            device_cap=lambda: s.fleet.power_cap(device_id), records=memory.records(), similar=memory.similar(), data=memory.data,
+        ))  # fmt: skip
+        with _stopping_on_sigterm():
+            recipe.setup(checkpoint)
+            run = recipe.run()
+    except Superseded as stop:
+        logger.warning("finetune %s/%s: %s", job_id, device_id, stop.reason)
+        return None
     except Cancelled as stop:
-        reason = f"cancelled after {stop.samples} samples; the device's settings were restored"
-        if s.jobs.update_part(job_id, device_id, {"state": PartState.cancelled, "reason": reason, "waiting": None}, PartState.finetuning):
-            s.jobs.event(job_id, EventKind.cancelled, reason, device_id)
-        advance_device(job_id, device_id)
+        _end(job_id, device_id, AttemptCancelled(attempt=attempt, reason=stop.reason))
+        return None
+    except Stopping as stop:
+        if _end(job_id, device_id, AttemptStopped(attempt=attempt, reason=stop.reason), advance=False) is not None:
+            raise Reject(stop.reason, requeue=True) from None  # back on the device's queue, for when a worker serves it again
         return None
     except Exception as exc:
-        _fail_part(job_id, device_id, f"fine-tuning failed: {_describe(exc)}")
-        raise TaskFailed(f"fine-tuning failed: {_describe(exc)}") from exc
-    changes = {"state": PartState.completed, "report": report, "waiting": None}
-    if s.jobs.update_part(job_id, device_id, changes, PartState.finetuning):
-        s.jobs.event(job_id, EventKind.completed, f"completed, accuracy {report.final_accuracy:.3f}", device_id)
-    (settings().artifact_dir / checkpoint_name(job_id, device_id)).unlink(missing_ok=True)
-    advance_device(job_id, device_id)
-    return report
+        _end(job_id, device_id, AttemptFailed(attempt=attempt, reason=f"fine-tuning failed: {describe(exc)}"))
+        raise TaskFailed(f"fine-tuning failed: {describe(exc)}") from exc
+    ended = _end(job_id, device_id, AttemptFinished(attempt=attempt, report=run))
+    if ended is not None and ended.part.state == PartState.completed:
+        remove_checkpoints(job_id, device_id, settings().artifact_dir)
+        if recipe.record is not None:
+            memory.keep(recipe.record)
+    return run
 
 
-class Cancelled(Exception):
-    """The job of a running fine-tune was cancelled: it stops where it is."""
+class _Memory:
+    """What fine-tunes on this data measured (common/learned.py), kept in Redis for later jobs."""
 
-    def __init__(self, samples: int):
-        super().__init__(f"cancelled after {samples} samples")
-        self.samples = samples
+    def __init__(self, request: FinetuneRequest):
+        self.data = data_identity(request.dataset, settings().readable_data_roots())
+        self.key = learned_key(request.model, request.weights, self.data, request.target_accuracy, request.lr)
+        self.kind = similar_key(request.model, request.weights, request.dataset.name)
+
+    def records(self) -> list[FinetuneRecord]:
+        """Earlier fine-tunes of this model and weights on this data, to this accuracy."""
+        return store().learned.records(self.key)
+
+    def similar(self) -> list[FinetuneRecord]:
+        """Fine-tunes of this model and weights on other data of the same kind."""
+        return [r for found in store().learned.similar(self.kind, exclude=self.key).values() for r in found]
+
+    def keep(self, record: FinetuneRecord) -> None:
+        """Keep what a completed fine-tune measured (a failure to keep it is a warning)."""
+        try:
+            store().learned.put_record(self.key, self.kind, record)
+        except RedisError as exc:
+            logger.warning("the record of %s was not kept: %s", record.record_id, exc)
 
 
-def _describe(exc: BaseException) -> str:
+class _Writer:
+    """What an attempt writes, through the store's fence on its token (common/finetune.py);
+    its progress is also `shown` (Flower)."""
+
+    def __init__(self, job_id: str, device_id: str, attempt: str, shown: Callable[[FinetuneProgress], None]):
+        self.job_id, self.device_id, self.attempt, self.shown = job_id, device_id, attempt, shown
+
+    def write(self, progress: FinetuneProgress | None = None, checkpoint: CheckpointRef | None = None,
+              event: tuple[EventKind, str] | None = None) -> Written:  # fmt: skip
+        written = store().jobs.attempt_write(self.job_id, self.device_id, self.attempt, progress, checkpoint, event)
+        if progress is not None and written in (Written.ok, Written.cancel):
+            self.shown(progress)
+        return written
+
+    def notice(self, notice: str | None) -> Written:
+        try:
+            store().jobs.apply(self.job_id, self.device_id, AttemptNoticed(attempt=self.attempt, notice=notice))
+        except (Refused, JobNotFoundError):
+            return Written.stale
+        return Written.ok
+
+
+_terminated = threading.Event()  # this pool process was sent SIGTERM while it fine-tunes
+
+
+@contextlib.contextmanager
+def _stopping_on_sigterm() -> Iterator[None]:
+    """While a fine-tune runs, a SIGTERM to its process (systemd stops every process of a unit;
+    Flower's Terminate) stops it at its next step, checkpointed, instead of killing it."""
+    _terminated.clear()
+    previous = signal.signal(signal.SIGTERM, lambda *_: _terminated.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_flag(worker: str, every_s: float = 1.0) -> Callable[[], str | None]:
+    """Why the fine-tune must stop: this process was sent SIGTERM, or the worker instance
+    `worker` is shutting down (asked of the store at most every `every_s` s); None: go on."""
+    asked_at, shutting_down = 0.0, False
+
+    def stopping() -> str | None:
+        nonlocal asked_at, shutting_down
+        if time.monotonic() - asked_at >= every_s:
+            asked_at, shutting_down = time.monotonic(), store().liveness.stop_requested(worker)
+        if shutting_down or _terminated.is_set():
+            return "its worker is shutting down: checkpointed and stopped"
+        return None
+
+    return stopping
+
+
+def _lost_work(s: Store, job_id: str, device_id: str, checkpoint: CheckpointRef | None) -> dict[str, float]:
+    """What the previous attempt trained after its last checkpoint (device s and J): lost with it."""
+    progress = s.jobs.progress(job_id, device_id)
+    if progress is None:
+        return {"lost_device_time_s": 0.0, "lost_energy_j": 0.0}
+    kept_s, kept_j = (checkpoint.device_time_s, checkpoint.energy_j) if checkpoint else (0.0, 0.0)
+    return {"lost_device_time_s": max(0.0, progress.device_time_s - kept_s), "lost_energy_j": max(0.0, progress.energy_j - kept_j)}
+
+
+def _end(job_id: str, device_id: str, event: PartEvent, advance: bool = True) -> Applied | None:
+    """Report how an attempt ended and advance the job; a report that does not match the
+    dispatched fine-tune fails the part with the reason. None when the attempt no longer holds it."""
+    try:
+        applied = store().jobs.apply(job_id, device_id, event)
+    except ReportMismatch as exc:
+        assert isinstance(event, AttemptFinished)
+        applied = store().jobs.apply(job_id, device_id, AttemptFailed(attempt=event.attempt, reason=str(exc)))
+    except Refused as exc:
+        logger.warning("finetune %s/%s: %s refused: %s", job_id, device_id, event.kind, exc)
+        return None
+    if advance:
+        advance_device(job_id, device_id)
+    return applied
+
+
+def describe(exc: BaseException) -> str:
+    """What went wrong, in a few words."""
     if isinstance(exc, SoftTimeLimitExceeded):
         return f"exceeded its time limit ({type(exc).__name__})"
     return str(exc) or type(exc).__name__
-
-
-def _fail_part(job_id: str, device_id: str, reason: str) -> None:
-    s = store()
-    if s.jobs.update_part(job_id, device_id, {"state": PartState.failed, "reason": reason, "waiting": None}, PartState.finetuning):
-        s.jobs.event(job_id, EventKind.failed, f"failed: {reason}", device_id)
-    advance_device(job_id, device_id)
-
-
-def _count_attempt(request: FinetuneRequest) -> AttemptLog:
-    """Count this attempt; a previous one that died lost its work after its last checkpoint
-    (up to its last progress report)."""
-    s = store()
-    log = s.jobs.attempt_log(request.job_id, request.device_id)
-    progress = s.jobs.progress(request.job_id, request.device_id)
-    if log.attempts and progress is not None:
-        checkpoint = s.jobs.checkpoint(request.job_id, request.device_id)
-        kept_s, kept_j = (checkpoint.device_time_s, checkpoint.energy_j) if checkpoint else (0.0, 0.0)
-        log.lost_device_time_s += max(0.0, progress.device_time_s - kept_s)
-        log.lost_energy_j += max(0.0, progress.energy_j - kept_j)
-    log.attempts += 1
-    s.jobs.set_attempt_log(request.job_id, request.device_id, log)
-    return log
-
-
-def _finetune(request: FinetuneRequest) -> RunReport:
-    s = store()
-    job_id, device_id = request.job_id, request.device_id
-    device = bound_device(device_id)
-    log = _count_attempt(request)
-    entry = get_model(request.model)
-    data = load_dataset(request.dataset, entry, SPLIT_SEED)
-    model = initial_model(request.model, request.weights, data.num_classes, settings().artifact_dir)
-    device.bind_workload(measure_workload(request.model, model, entry.example_input(data.num_classes)))
-    b, f = request.batch_size, request.frequency_hz
-    trainer = Trainer(model, make_optimizer(model, request.lr, b), b, data.train, data.test, seed=request.seed)
-    totals = None
-    checkpoint = s.jobs.checkpoint(job_id, device_id)
-    if log.attempts > 1 and checkpoint is not None:
-        totals = load_checkpoint(checkpoint.url, settings().artifact_dir, trainer)
-        resumed = f"attempt {log.attempts} resumed from the checkpoint at {trainer.samples} samples"
-        s.jobs.event(job_id, EventKind.resumed, resumed, device_id)
-    store_dir, name, every_s = settings().artifact_dir, checkpoint_name(job_id, device_id), settings().checkpoint_every_s
-    started = last_checkpoint = time.perf_counter()
-
-    def report_progress(samples: int, accuracy: float, run: DeviceTotals) -> None:
-        s.jobs.set_progress(
-            job_id, device_id,
-            FinetuneProgress(
-                samples=samples, accuracy=accuracy, device_time_s=run.elapsed_s, energy_j=run.energy_j,
-                target_accuracy=request.target_accuracy, max_samples=request.max_samples,
-                batch_size=trainer.batch_size, frequency_hz=control.frequency_hz if control else f,
-                power_cap_w=control.cap_w if control else None, paused=control.paused if control else None,
-            ),
-        )  # fmt: skip
-
-    def on_evaluation(samples: int, accuracy: float, run: DeviceTotals) -> None:
-        nonlocal last_checkpoint
-        if s.jobs.cancelled(job_id):
-            raise Cancelled(samples)
-        report_progress(samples, accuracy, run)
-        if time.perf_counter() - last_checkpoint >= every_s:
-            url = save_checkpoint(trainer, run, name, store_dir)
-            ref = CheckpointRef(url=url, samples=samples, steps=trainer.steps, device_time_s=run.elapsed_s, energy_j=run.energy_j)
-            s.jobs.set_checkpoint(job_id, device_id, ref)
-            last_checkpoint = time.perf_counter()
-
-    def on_switch(switch: ConfigSwitch, run: DeviceTotals) -> None:
-        s.jobs.event(job_id, EventKind.reconfigured, switch.line().strip(), device_id)
-        if switch.cause in ("pause", "resume"):
-            waiting = f"paused: {switch.note}" if switch.cause == "pause" else None
-            s.jobs.update_part(job_id, device_id, {"waiting": waiting}, PartState.finetuning)
-        if run.history:
-            report_progress(trainer.samples, run.history[-1][1], run)
-
-    def while_paused() -> None:
-        if s.jobs.cancelled(job_id):
-            raise Cancelled(trainer.samples)
-
-    control = _adaptive_control(request, device, trainer, on_switch, while_paused)
-    device.set_frequency(f)
-    try:
-        outcome, totals = train_to_accuracy(
-            trainer, request.target_accuracy, request.eval_every_samples, request.max_samples, request.seed, device,
-            on_evaluation, totals, control,
-        )  # fmt: skip
-    finally:
-        device.restore()
-    return RunReport(
-        device_id=device_id,
-        device_type=device.device_type,
-        simulated=device.simulated,
-        batch_size=b,
-        frequency_hz=f,
-        reached=outcome.reached,
-        final_accuracy=outcome.final_accuracy,
-        samples_to_accuracy=outcome.samples_to_accuracy,
-        samples_processed=outcome.samples_processed,
-        steps=totals.steps,
-        device_time_s=totals.elapsed_s,
-        energy_j=totals.energy_j,
-        peak_power_w=totals.peak_power_w,
-        wall_s=time.perf_counter() - started,
-        attempts=log.attempts,
-        lost_device_time_s=log.lost_device_time_s,
-        lost_energy_j=log.lost_energy_j,
-        switches=control.switches if control else [],
-        paused_s=control.paused_s if control else 0.0,
-        guard=control.guard.report if control else PowerGuardReport(peak_power_w=totals.peak_power_w),
-    )
-
-
-def _adaptive_control(request: FinetuneRequest, device: Device, trainer: Trainer, on_switch: Switched,
-                      while_paused: Callable[[], None]) -> AdaptiveControl | None:  # fmt: skip
-    """The control that follows the device's cap with the job's strategy, or None (with an
-    event saying so) when the job's table or vector is no longer stored."""
-    s = store()
-    record = s.jobs.record(request.job_id)
-    assert record is not None, "a fine-tune's job is stored"
-    target = next(t for t in record.spec.devices if t.device_id == request.device_id)
-    tid, vkey = resource_ids(record.spec, device.device_type)
-    table, vector = s.resources.table(tid), s.resources.vector(vkey)
-    if table is None or vector is None:
-        s.jobs.event(request.job_id, EventKind.reconfigured, "the lookup table or relation vector is gone: cap changes are "
-                     "not followed", request.device_id)  # fmt: skip
-        return None
-    caps = CapFollower(target, lambda: s.fleet.power_cap(request.device_id))
-    return AdaptiveControl(
-        device, trainer, request.lr, table, strategy_for(record.spec, target, vector), caps, target.cap_at(0.0), request.frequency_hz,
-        on_switch=on_switch, while_paused=while_paused,
-    )  # fmt: skip
-
-
-def on_lost_child(sender: Task | None = None, task_id: str = "", exception: BaseException | None = None,
-                  args: tuple[Any, ...] = (), **_: Any) -> None:  # fmt: skip
-    """task_failure in a device worker's main process: the pool child running a device task
-    died (a crash, the out-of-memory killer) or hit its hard time limit. The worker lives on;
-    the part or the table fails with what happened, and the device's settings are restored."""
-    if sender is None or not isinstance(exception, (WorkerLostError, TimeLimitExceeded)) or not args:
-        return
-    what = f"exceeded its time limit ({exception})" if isinstance(exception, TimeLimitExceeded) else f"its process died: {exception}"
-    device_id = bound_device_id()
-    if device_id is not None:
-        bound_device(device_id).restore()
-    store().liveness.release(task_id)
-    if sender.name == TaskName.finetune.value:
-        request = FinetuneRequest.model_validate(args[0])
-        _fail_part(request.job_id, request.device_id, f"fine-tuning on {request.device_id} {what}")
-    elif sender.name == TaskName.profile_device.value:
-        request_p = ProfileRequest.model_validate(args[0])
-        resource = _table_resource(request_p)
-        if store().coordination.holder(resource) == request_p.owner:
-            fail_resource(resource, f"profiling on {request_p.device_id} {what}")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from edgetrain.common.jobs import TERMINAL, JobStatus, PartState
 from edgetrain.common.store import WorkerInfo
 
 from .contract import CONTROL_QUEUE, SERVER_QUEUE, device_queue
 
 
-def stalled(status: JobStatus, workers: list[WorkerInfo]) -> list[str]:
+def stalled(status: JobStatus, workers: Sequence[WorkerInfo]) -> list[str]:
     """One note per queue that the unfinished parts of `status` need and that no live worker
     consumes, saying which worker to start."""
     if status.finished or status.cancelled_at is not None:

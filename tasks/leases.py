@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from typing import Any
 
 from celery import Task
@@ -31,14 +32,14 @@ class LeaseKeeper(threading.Thread):
     def __init__(self, store: Store, period_s: float):
         super().__init__(name="edgetrain-leases", daemon=True)
         self.store, self.period_s = store, period_s
-        self.task_ids: set[str] = set()
+        self.attempts: dict[str, str] = {}  # task id -> the token of its run in this process
         self.lock = threading.Lock()
 
     @override
     def run(self) -> None:
         while True:
             with self.lock:
-                held = sorted(self.task_ids)
+                held = dict(self.attempts)
             try:
                 self.store.liveness.renew(held)
             except Exception as exc:  # Redis restarting: renew next period
@@ -61,16 +62,16 @@ def _process_keeper() -> LeaseKeeper:
     return _keeper[1]
 
 
-def _subject(task: Task, args: tuple[Any, ...]) -> dict[str, Any]:
-    """The job and device a task serves, read from its payload."""
+def task_subject(name: str, args: tuple[Any, ...]) -> dict[str, Any]:
+    """The job and device task `name` serves, read from its payload."""
     payload = args[0] if args else None
-    if task.name == TaskName.advance_job.value:
+    if name == TaskName.advance_job.value:
         return {"job_id": payload}
     if isinstance(payload, dict):
         return {
             "job_id": payload.get("job_id"),
             "device_id": payload.get("device_id"),
-            "payload": payload if task.name in _PAYLOAD_KEPT else None,
+            "payload": payload if name in _PAYLOAD_KEPT else None,
         }
     return {}
 
@@ -81,21 +82,32 @@ def take_lease(task_id: str, task: Task, args: tuple[Any, ...], **_: Any) -> Non
 
     keeper = _process_keeper()
     delivery = task.request.delivery_info or {}
-    lease = Lease(task_id=task_id, task=task.name, node=task.request.hostname or "?", queue=delivery.get("routing_key"),
-                  **_subject(task, args))  # fmt: skip
+    attempt = uuid.uuid4().hex
+    lease = Lease(task_id=task_id, task=task.name, attempt=attempt, node=task.request.hostname or "?",
+                  queue=delivery.get("routing_key"), **task_subject(task.name, args))  # fmt: skip
     store().liveness.take(lease)
     with keeper.lock:
-        keeper.task_ids.add(task_id)
+        keeper.attempts[task_id] = attempt
+
+
+def attempt_token(task_id: str) -> str:
+    """The token of the run of `task_id` in this process (its lease's): it fences the run's writes."""
+    keeper = _process_keeper()
+    with keeper.lock:
+        return keeper.attempts[task_id]
 
 
 def release_lease(task_id: str, **_: Any) -> None:
-    """task_postrun: the task finished (whatever its outcome)."""
+    """task_postrun: the task finished (whatever its outcome): it holds no lease and, if the
+    ledger of sent tasks lists it, it has run."""
     from .context import store
 
     keeper = _process_keeper()
     with keeper.lock:
-        keeper.task_ids.discard(task_id)
-    store().liveness.release(task_id)
+        attempt = keeper.attempts.pop(task_id, None)
+    if attempt is not None:
+        store().liveness.release(task_id, attempt)
+    store().ledger.done(task_id)
 
 
 def hold_leases() -> None:

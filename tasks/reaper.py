@@ -1,14 +1,24 @@
-"""The reaper: hands on the tasks whose process is gone, and wakes the jobs of devices that
-stopped heartbeating, and once more when they are heard from again. It runs as a thread of every control worker; each lost task is handed
-on by exactly one of them.
+"""The reaper: hands on the tasks whose process is gone, sends again a dispatched fine-tune that
+has no task anywhere, and wakes the jobs of devices that stopped heartbeating, and once more
+when they are heard from again. It runs as a thread of every control worker; each lost task
+is handed on by exactly one of them.
 
 A lost task (its lease not renewed for `lease_ttl_s`) is handed on at once, instead of after
 the broker's visibility timeout:
 - `profile_device`: its claim on the table is released and the jobs waiting on the table
   re-plan (onto another device of that type, or the same one once it is back);
-- every other task: its unacknowledged message goes back to its queue, so the restarted
-  device, or any server worker, runs it again (a fine-tune resumes from its checkpoint).
-The job it served gets an `attempt_lost` event."""
+- `finetune`: its part lets the attempt go first (so the restarted device can start a new
+  one), then its unacknowledged message goes back to the device's queue, and the fine-tune
+  resumes from its checkpoint;
+- every other task: its message goes back to its queue, for any server or control worker.
+The lease is removed last, so a control worker that dies midway leaves it for the next pass.
+
+A dispatched fine-tune that, for longer than a lease, nothing runs (no lease) and whose
+message does not wait on its device's queue is sent on: its message, when a worker took it
+and never acknowledged it (a crash lost the hand-on), goes back to the queue; else it is
+sent again under the same task id. So is a profile, an estimation or a proxy run of the
+ledger of sent tasks (common/store/ledger.py): Redis can lose a message that a worker popped
+just before Redis died."""
 
 from __future__ import annotations
 
@@ -19,34 +29,53 @@ import threading
 from celery import Celery
 from typing_extensions import override
 
-from edgetrain.common.jobs import EventKind
-from edgetrain.common.keys import table_id, table_resource, vector_key, vector_resource
-from edgetrain.common.models import get_model
-from edgetrain.common.payloads import ProfileRequest, ProxyRunRequest, device_page
+from edgetrain.common.jobs import EventKind, PartState
+from edgetrain.common.keys import vector_key, vector_resource
+from edgetrain.common.part_events import AttemptLost, Redispatched, Refused
+from edgetrain.common.payloads import ProfileRequest, ProxyRunRequest, device_page, profile_resource
 from edgetrain.common.settings import Settings
-from edgetrain.common.store import Lease, Store, token_job
+from edgetrain.common.store import JobNotFoundError, Lease, Store, token_job
 
-from .contract import TaskName, send
+from .contract import HANDED_ON, TaskName, device_queue, queue_role, send, send_again
+from .store_failover import note_failover
 
 logger = logging.getLogger(__name__)
+RECHECK_BATCH = 500  # dispatched fine-tunes looked at per pass, at most
+
+
+def _unacked_id(raw: bytes | str) -> str | None:
+    """The task id of an entry of kombu's hash of unacknowledged messages ([message, exchange, key])."""
+    return json.loads(raw)[0].get("headers", {}).get("id")
 
 
 def restore_message(app: Celery, task_id: str) -> bool:
     """Put the unacknowledged broker message of `task_id` back at the head of its queue
     (kombu's own restore, as the visibility timeout would); False if it is not unacknowledged."""
+    return bool(_restore_unacked(app, {task_id}))
+
+
+def _queued(app: Celery, queue: str, task_ids: set[str]) -> set[str]:
+    """Those of `task_ids` with a message waiting on `queue`."""
+    with app.connection_for_write() as connection:
+        raws = connection.default_channel.client.lrange(queue, 0, -1)
+    return {i for raw in raws if (i := json.loads(raw).get("headers", {}).get("id")) in task_ids}
+
+
+def _restore_unacked(app: Celery, task_ids: set[str]) -> set[str]:
+    """Put back on their queues the unacknowledged messages of `task_ids`; returns those found."""
+    restored = set()
     with app.connection_for_write() as connection:
         channel = connection.default_channel
         for tag, raw in channel.client.hgetall(channel.unacked_key).items():
-            message = json.loads(raw)[0]
-            if message.get("headers", {}).get("id") == task_id:
+            if (task_id := _unacked_id(raw)) in task_ids:
                 channel.qos.restore_by_tag(tag)
-                return True
-    return False
+                restored.add(task_id)
+    return restored
 
 
 def _release_profile(store: Store, app: Celery, lease: Lease) -> str:
     request = ProfileRequest.model_validate(lease.payload)
-    resource = table_resource(table_id(request.device_type, request.model, get_model(request.model).input_shape))
+    resource = profile_resource(request)
     if not store.coordination.release_if_held_by(resource, request.owner):
         return "its claim had already moved on"
     for job_id in store.coordination.take_waiters(resource):
@@ -63,21 +92,112 @@ def _job_of(store: Store, lease: Lease) -> str | None:
     return token_job(holder) if holder else None
 
 
-def hand_on(store: Store, app: Celery, settings: Settings, lease: Lease) -> None:
-    """Hand a lost task on (see the module docstring) and say so in its job's events."""
+def _let_attempt_go(store: Store, job_id: str, device_id: str, attempt: str, outcome: str) -> None:
+    try:
+        store.jobs.apply(job_id, device_id, AttemptLost(attempt=attempt, outcome=outcome))
+    except (Refused, JobNotFoundError) as exc:
+        logger.info("%s/%s: the lost attempt was let go already: %s", job_id, device_id, exc)
+
+
+def hand_on(store: Store, app: Celery, settings: Settings, lease: Lease) -> bool:
+    """Hand a lost task on (see the module docstring) and say so in its job's events; False
+    when another control worker did, or a new run of the task holds the lease now."""
+    job_id = _job_of(store, lease)
+    fine_tune = lease.task == TaskName.finetune.value and job_id and lease.device_id
+    if fine_tune:
+        assert job_id is not None and lease.device_id is not None
+        _let_attempt_go(store, job_id, lease.device_id, lease.attempt, "its task is handed on")
     if lease.task == TaskName.profile_device.value and lease.payload:
         outcome = _release_profile(store, app, lease)
     elif restore_message(app, lease.task_id):
         outcome = "re-queued"
     else:
         outcome = "its message was already handled"
+    if not store.liveness.reap(lease):
+        return False
+    store.monitoring.count(HANDED_ON, queue_role(lease.queue))
     message = f"the worker running {lease.task.removeprefix('edgetrain.')} ({lease.node}) stopped; {outcome}"
     logger.warning("task %s: %s", lease.task_id, message)
-    job_id = _job_of(store, lease)
-    if job_id:
+    if job_id and not fine_tune:  # a fine-tune's part logged it when it let the attempt go
         store.jobs.event(job_id, EventKind.attempt_lost, message, lease.device_id)
-        if lease.task not in (TaskName.advance_job.value, TaskName.advance_page.value):
-            _advance(store, app, settings, job_id, lease.device_id)
+    if job_id and lease.task not in (TaskName.advance_job.value, TaskName.advance_page.value):
+        _advance(store, app, settings, job_id, lease.device_id)
+    return True
+
+
+def redispatch_orphans(store: Store, app: Celery, settings: Settings) -> list[tuple[str, str]]:
+    """Send on the dispatched fine-tunes that nothing has run for longer than a lease and that
+    do not wait on their queue (see the module docstring). Returns their (job, device)."""
+    from .workflow import dispatch_fine_tune
+
+    now = store.liveness.now()
+    listed = store.jobs.dispatched_since(now - settings.lease_ttl_s, RECHECK_BATCH)
+    parts = {}
+    for job_id, device_id in listed:
+        try:
+            parts[(job_id, device_id)] = store.jobs.part(job_id, device_id)
+        except JobNotFoundError:
+            continue
+    tokens = {key: p.dispatch.token for key, p in parts.items() if p.state == PartState.finetuning and p.dispatch is not None}
+    missing = _unheld(store, app, {token: device_queue(device_id) for (_, device_id), token in tokens.items()})
+    orphans = [(key, token) for key, token in tokens.items() if token in missing]
+    for (job_id, device_id), _ in orphans:
+        part = parts[(job_id, device_id)]
+        if part.attempt is not None:  # its lease vanished without a hand-on
+            _let_attempt_go(store, job_id, device_id, part.attempt.token, "its lease vanished")
+    restored = _restore_unacked(app, missing) if missing else set()
+    for (job_id, device_id), token in orphans:
+        outcome = "its unacknowledged message was put back on the queue" if token in restored else "it was sent again"
+        try:
+            store.jobs.apply(job_id, device_id, Redispatched(token=token, outcome=outcome))
+        except (Refused, JobNotFoundError):
+            continue
+        if token not in restored:
+            dispatch = parts[(job_id, device_id)].dispatch
+            assert dispatch is not None
+            dispatch_fine_tune(token, dispatch.request)
+        logger.warning("fine-tune %s/%s (task %s) ran nowhere: %s", job_id, device_id, token, outcome)
+    store.jobs.seen_dispatched(listed, now)
+    return [key for key, _ in orphans]
+
+
+def _unheld(store: Store, app: Celery, queues: dict[str, str]) -> set[str]:
+    """Those of the tasks (task id -> its queue) that no process runs (no lease) and whose
+    message does not wait on their queue."""
+    missing = set(queues) - store.liveness.held(list(queues))
+    for queue in {queues[t] for t in missing}:
+        missing -= _queued(app, queue, missing)
+    return missing
+
+
+def resend_lost(store: Store, app: Celery, settings: Settings) -> list[str]:
+    """Send on the tasks of the ledger of sent tasks (a profile, an estimation, a proxy run)
+    that nothing has run for longer than a lease and that do not wait on their queue: the
+    unacknowledged message of one a worker took goes back to its queue, one that Redis lost is
+    sent again under its task id. Returns their task ids."""
+    now = store.liveness.now()
+    listed = store.ledger.unseen_since(now - settings.lease_ttl_s, RECHECK_BATCH)
+    missing = _unheld(store, app, {t.task_id: t.queue for t in listed})
+    restored = _restore_unacked(app, missing) if missing else set()
+    for sent in listed:
+        if sent.task_id in missing - restored:
+            send_again(app, sent)
+        if sent.task_id in missing:
+            how = "its unacknowledged message was put back on the queue" if sent.task_id in restored else "it was sent again"
+            logger.warning("%s (task %s) ran nowhere for %g s: %s", sent.task, sent.task_id, settings.lease_ttl_s, how)
+    store.ledger.seen([t.task_id for t in listed], now)
+    return sorted(missing)
+
+
+def start_unplanned(store: Store, app: Celery, settings: Settings) -> list[str]:
+    """Send the first step again of jobs submitted more than a lease ago that no control worker
+    took up (Redis lost the message that was to start them); each at most once a lease."""
+    now = store.liveness.now()
+    jobs = store.jobs.unplanned(now - settings.lease_ttl_s, RECHECK_BATCH)
+    for job_id in jobs:
+        send(app, TaskName.advance_job, job_id)
+    store.jobs.remind(jobs, now)
+    return jobs
 
 
 def _advance(store: Store, app: Celery, settings: Settings, job_id: str, device_id: str | None) -> None:
@@ -90,12 +210,17 @@ def _advance(store: Store, app: Celery, settings: Settings, job_id: str, device_
 
 
 def reap_once(store: Store, app: Celery, settings: Settings, silent_before: frozenset[str] = frozenset()) -> frozenset[str]:
-    """One pass: hand on lost tasks; advance the jobs of devices that stopped heartbeating,
-    and of those in `silent_before` (the previous pass's answer) that are heard from again, so
-    their parts drop the notice that the device is missing. Returns the devices silent now."""
+    """One pass: note a failover of the store (behind Sentinel); hand on lost tasks; send again
+    dispatched fine-tunes that nothing holds; advance the jobs of devices that stopped
+    heartbeating, and of those in `silent_before` (the previous pass's answer) that are heard
+    from again, so their parts drop the notice that the device is missing. Returns the devices
+    silent now."""
+    note_failover(store)
     for lease in store.liveness.expired(settings.lease_ttl_s):
-        if store.liveness.reap(lease.task_id):
-            hand_on(store, app, settings, lease)
+        hand_on(store, app, settings, lease)
+    redispatch_orphans(store, app, settings)
+    resend_lost(store, app, settings)
+    start_unplanned(store, app, settings)
     silent = frozenset(store.fleet.silent_since(settings.heartbeat_ttl_s))
     for device_id in sorted(silent | silent_before):
         for job_id in store.jobs.device_jobs(device_id):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from celery import Task
 from celery.utils.log import get_task_logger
 
+from edgetrain.common.admission import spec_problems
 from edgetrain.common.estimation import aggregate
 from edgetrain.common.estimation import pretrain as run_pretrain
 from edgetrain.common.estimation import train_proxy as run_proxy
@@ -17,10 +18,12 @@ from edgetrain.common.payloads import (
     ProxyRunRequest,
 )
 from edgetrain.common.schemas import EstimationRequest, TrainingOutcome
+from edgetrain.common.security import RefusedError
 
 from .app import app
 from .context import attempts_exceeded, settings, store
-from .contract import TaskFailed, TaskName, send
+from .contract import TaskFailed, TaskName, claiming_job, send_tracked
+from .reporting import proxy_run_reporter
 from .workflow import fail_resource, notify_waiters
 
 logger = get_task_logger(__name__)
@@ -28,23 +31,81 @@ logger = get_task_logger(__name__)
 
 @app.task(name=TaskName.estimate_relation_vector.value, pydantic=True)
 def estimate_relation_vector(request: EstimationRequest) -> EstimateResult:
-    """Fan out one `train_proxy` task per (batch size, seed); returns at once. The last run
-    to finish aggregates the vector, so adding server workers shortens the estimation."""
+    """Record the request, then fan out one `train_proxy` task per (batch size, seed) not yet
+    run; returns at once. The last run to finish aggregates the vector, so adding server
+    workers shortens the estimation. A request that names what this fleet does not allow, or
+    any error here, fails the vector with the reason."""
     key = vector_key(request)
+    resource = vector_resource(key)
     s = store()
     if s.resources.vector(key) is not None:
-        notify_waiters(vector_resource(key))
+        notify_waiters(resource)
         return EstimateResult(vector_key=key, cached=True, runs_dispatched=0)
-    done = {(o.batch_size, o.seed) for o in s.resources.vector_parts(key)}
-    runs = [(b, seed) for b in request.batch_sizes for seed in request.seeds if (b, seed) not in done]
+    try:
+        if problems := spec_problems(request.model_dump(mode="json"), settings().allowed_model_modules):
+            raise RefusedError("refused: " + "; ".join(problems))
+        s.resources.put_vector_request(request)  # before any run is sent: runs of requests not stored are refused
+        done = {(o.batch_size, o.seed) for o in s.resources.vector_parts(key)}
+    except Exception as exc:
+        reason = f"relation vector estimation failed: {exc}"
+        fail_resource(resource, reason)
+        raise TaskFailed(reason) from exc
+    runs = [(b, seed) for b, seed in grid(request) if (b, seed) not in done]
+    job_id = claiming_job(s.coordination.holder(resource))
     for b, seed in runs:
-        send(app, TaskName.train_proxy, ProxyRunRequest(request=request, batch_size=b, seed=seed))
+        send_tracked(app, s.ledger, TaskName.train_proxy, ProxyRunRequest(request=request, batch_size=b, seed=seed, job_id=job_id))
+    if not runs:  # every run is recorded, but the vector is not: its aggregation was cut short
+        aggregate_when_complete(request)
     return EstimateResult(vector_key=key, cached=False, runs_dispatched=len(runs))
+
+
+def grid(request: EstimationRequest) -> list[tuple[int, int]]:
+    """The proxy runs of an estimation: every (batch size, seed)."""
+    return [(b, seed) for b in request.batch_sizes for seed in request.seeds]
+
+
+def run_refusal(run: ProxyRunRequest) -> str | None:
+    """Why a proxy run is not one the server pool sent, or None: its (batch size, seed) must be
+    in its request, and its request must be one sent for estimation and not yet done."""
+    key = vector_key(run.request)
+    if (run.batch_size, run.seed) not in grid(run.request):
+        return (f"refused: b={run.batch_size} seed={run.seed} is not a run of relation vector {key} "
+                f"(batch sizes {run.request.batch_sizes}, seeds {run.request.seeds})")  # fmt: skip
+    if store().resources.vector_request(key) != run.request:
+        return f"refused: relation vector {key} is not being estimated (its runs are sent by {TaskName.estimate_relation_vector.value})"
+    return None
+
+
+def aggregate_when_complete(request: EstimationRequest) -> None:
+    """Store the vector once every run of `request` is recorded, release its claim and wake
+    the jobs waiting on it; nothing yet while a run is missing. Storing it twice (two last runs
+    finishing together) stores the same vector. Any error fails the vector with the reason and
+    forgets the runs, so that the jobs waiting on it fail at once and a later job runs them again."""
+    key = vector_key(request)
+    resource = vector_resource(key)
+    s = store()
+    try:
+        parts = {(o.batch_size, o.seed): o for o in s.resources.vector_parts(key)}
+        if any(run not in parts for run in grid(request)):
+            return
+        s.resources.put_vector(aggregate(request, [parts[run] for run in grid(request)]))
+    except Exception as exc:
+        reason = f"relation vector {key}: aggregating the proxy runs failed: {type(exc).__name__}: {exc}"
+        fail_resource(resource, reason)
+        s.resources.drop_vector_parts(key)
+        raise TaskFailed(reason) from exc
+    s.resources.forget_vector_request(key)
+    s.coordination.release(resource)
+    notify_waiters(resource)
 
 
 @app.task(name=TaskName.train_proxy.value, bind=True, pydantic=True)
 def train_proxy(self: Task, run: ProxyRunRequest) -> TrainingOutcome:
-    """Train on the proxy dataset with one batch size and seed until the target accuracy."""
+    """Train on the proxy dataset with one batch size and seed until the target accuracy. A
+    run the server pool did not send (`run_refusal`) is refused and changes nothing."""
+    if refusal := run_refusal(run):
+        logger.warning("train_proxy: %s", refusal)
+        raise TaskFailed(refusal)
     request, b, seed = run.request, run.batch_size, run.seed
     key = vector_key(request)
     resource = vector_resource(key)
@@ -54,16 +115,13 @@ def train_proxy(self: Task, run: ProxyRunRequest) -> TrainingOutcome:
         fail_resource(resource, reason)
         raise TaskFailed(reason)
     try:
-        outcome = run_proxy(request, b, seed).model_copy(update={"worker": self.request.hostname})
+        outcome = run_proxy(request, b, seed, proxy_run_reporter(self, key)).model_copy(update={"worker": self.request.hostname})
     except Exception as exc:
         reason = f"relation vector estimation failed (b={b}, seed={seed}): {exc}"
         fail_resource(resource, reason)
         raise TaskFailed(reason) from exc
-    count = s.resources.put_vector_part(key, outcome)
-    if count == len(request.batch_sizes) * len(request.seeds) and s.coordination.once(f"aggregate:{key}"):
-        s.resources.put_vector(aggregate(request, s.resources.vector_parts(key)))
-        s.coordination.release(resource)
-        notify_waiters(resource)
+    if s.resources.put_vector_part(key, outcome) >= len(grid(request)):
+        aggregate_when_complete(request)
     return outcome
 
 

@@ -10,6 +10,7 @@ once-only markers in Redis make repeated or concurrent advances harmless.
 from __future__ import annotations
 
 import math
+import uuid
 
 from celery.utils.log import get_task_logger
 
@@ -19,12 +20,21 @@ from edgetrain.common.jobs import (
     DevicePart,
     EventKind,
     JobRecord,
-    JobState,
-    PartState,
-    job_state,
+    state_of_counts,
 )
 from edgetrain.common.keys import table_resource, vector_resource
-from edgetrain.common.payloads import JobPage, device_page
+from edgetrain.common.part_events import (
+    Cancelled,
+    CancelRequested,
+    Dispatched,
+    Failed,
+    Identified,
+    PartEvent,
+    Prepared,
+    Refused,
+    Waiting,
+)
+from edgetrain.common.payloads import FinetuneRequest, JobPage, device_page
 from edgetrain.common.planner import (
     Cancel,
     Decision,
@@ -32,6 +42,7 @@ from edgetrain.common.planner import (
     FineTune,
     PartView,
     Prepare,
+    RequestCancel,
     Wait,
     plan,
     resource_ids,
@@ -42,20 +53,21 @@ from edgetrain.common.schemas import (
     RelationVector,
     utc_now,
 )
-from edgetrain.common.store import Store, claim_token, token_job
+from edgetrain.common.store import Applied, SetAside, Store, claim_token, token_job
 
 from .app import app
 from .context import settings, store
-from .contract import TaskName, device_queue, send
+from .contract import TaskName, device_queue, send, send_tracked
 
 logger = get_task_logger(__name__)
 JOB_LOCK_TIMEOUT_S = 120
 
 
 def notify_waiters(resource: str) -> None:
-    """A table or vector is ready (or failed): advance every job waiting for it."""
+    """A table or vector is ready (or failed): advance every job waiting for it (a wake-up
+    that must not be lost: it is in the ledger of sent tasks until it has run)."""
     for job_id in store().coordination.take_waiters(resource):
-        send(app, TaskName.advance_job, job_id)
+        send_tracked(app, store().ledger, TaskName.advance_job, job_id)
 
 
 def fail_resource(resource: str, reason: str) -> None:
@@ -66,7 +78,7 @@ def fail_resource(resource: str, reason: str) -> None:
     holder, waiting = c.holder(resource), c.take_waiters(resource)
     c.fail(resource, reason, waiting + ([token_job(holder)] if holder else []))
     for job_id in sorted(set(waiting + c.take_waiters(resource))):
-        send(app, TaskName.advance_job, job_id)
+        send_tracked(app, store().ledger, TaskName.advance_job, job_id)
 
 
 class _Reader:
@@ -92,23 +104,32 @@ class _Reader:
             )  # fmt: skip
         tid, vkey = resource_ids(self.spec, device.device_type)
         if tid not in self._tables:
-            self._tables[tid] = s.resources.table(tid)
+            self._tables[tid] = s.resources.table(tid, self._set_aside)
         if vkey not in self._vectors:
-            self._vectors[vkey] = s.resources.vector(vkey)
+            self._vectors[vkey] = s.resources.vector(vkey, self._set_aside)
         return PartView(
             self.job_id, self.spec, target, part, device,
             table=self._tables[tid],
             vector=self._vectors[vkey],
-            table_failure=self._failure(table_resource(tid)) if self._tables[tid] is None else None,
-            vector_failure=self._failure(vector_resource(vkey)) if self._vectors[vkey] is None else None,
+            table_failure=self._failure(table_resource(tid), part) if self._tables[tid] is None else None,
+            vector_failure=self._failure(vector_resource(vkey), part) if self._vectors[vkey] is None else None,
             not_before=self.record.created_at if self.spec.profiling.force else None,
             now=utc_now(),
             cancelled_at=self.record.cancelled_at,
         )  # fmt: skip
 
-    def _failure(self, resource: str) -> str | None:
+    def _set_aside(self, record: SetAside) -> None:
+        """A table or vector this job needs no longer loaded and was set aside: say so (it reads
+        as not stored, so the planner has it produced again)."""
+        logger.warning("job %s: %s", self.job_id, record.line())
+        self.s.jobs.event(self.job_id, EventKind.set_aside, record.line())
+
+    def _failure(self, resource: str, part: DevicePart) -> str | None:
+        """Why producing `resource` failed for this job, unless the part was re-queued since."""
         failure = self.s.coordination.failure(resource)
-        return failure.for_job(self.job_id) if failure else None
+        if failure is None or (part.requeued_at is not None and failure.at <= part.requeued_at):
+            return None
+        return failure.for_job(self.job_id)
 
 
 def advance_device(job_id: str, device_id: str) -> None:
@@ -127,6 +148,7 @@ def advance_job(job_id: str) -> str:
     if record is None:
         logger.warning("advance_job: no job %s", job_id)
         return "unknown job"
+    store().jobs.planned(job_id)
     pages = math.ceil(len(record.spec.devices) / settings().page_size)
     if pages == 1:
         return _advance_page(record, 0)
@@ -156,50 +178,58 @@ def _advance_page(record: JobRecord, page: int) -> str:
             if part.state in TERMINAL:
                 continue
             if refusal:
-                _fail(job_id, part, refusal)
+                report(job_id, part.device_id, Failed(reason=refusal))
                 continue
             try:
                 view = reader.view(target, part)
                 _apply(job_id, part, view, plan(view))
             except Exception as exc:  # a bug or a model this worker cannot load: fail the part, say why
                 logger.exception("advancing %s/%s failed", job_id, part.device_id)
-                _fail(job_id, part, f"planning failed: {type(exc).__name__}: {exc}")
-    state = job_state(s.jobs.parts(job_id, [d.device_id for d in spec.devices]))
-    if state not in (JobState.queued, JobState.running) and s.coordination.once(f"finished:{job_id}"):
-        s.jobs.event(job_id, EventKind.finished, f"finished: {state.value}")
-    return state.value
+                report(job_id, part.device_id, Failed(reason=f"planning failed: {type(exc).__name__}: {exc}"))
+    return state_of_counts(s.jobs.states(job_id)).value
+
+
+def report(job_id: str, device_id: str, event: PartEvent) -> Applied | None:
+    """Apply an event to a part (common/part_events.py decides; the store applies it in one
+    transaction); None when it does not apply to the part as it is now (logged)."""
+    try:
+        return store().jobs.apply(job_id, device_id, event)
+    except Refused as exc:
+        logger.info("%s/%s: %s refused: %s", job_id, device_id, event.kind, exc)
+        return None
 
 
 def _apply(job_id: str, part: DevicePart, view: PartView | None, decision: Decision) -> None:
-    """Apply the planner's decision for one part (which the planner saw in `part.state`)."""
-    s = store()
-    device_id, seen = part.device_id, part.state
+    """Apply the planner's decision for one part, as events."""
+    device_id = part.device_id
     if isinstance(decision, Wait):
-        if decision.notice != part.waiting and s.jobs.update_part(job_id, device_id, {"waiting": decision.notice}, seen):
-            if decision.device_missing:
-                s.jobs.event(job_id, EventKind.device_missing, decision.notice or "", device_id)
-                _release_table_claim(job_id, view, part)
+        applied = report(job_id, device_id, Waiting(notice=decision.notice, device_missing=decision.device_missing))
+        if applied and decision.device_missing and applied.change.message:
+            _release_table_claim(job_id, view, part)
         return
     if isinstance(decision, Fail):
-        _fail(job_id, part, decision.reason)
+        report(job_id, device_id, Failed(reason=decision.reason))
         return
     if isinstance(decision, Cancel):
-        s.jobs.update_part(job_id, device_id, {"state": PartState.cancelled, "reason": decision.reason, "waiting": None}, seen)
+        report(job_id, device_id, Cancelled(reason=decision.reason))
+        return
+    if isinstance(decision, RequestCancel):
+        report(job_id, device_id, CancelRequested(reason=decision.reason))
         return
     device = decision.device
-    identity = {"device_type": device.device_type, "simulated": device.simulated, "control": device.control, "waiting": None}
+    identity = Identified(device_type=device.device_type, simulated=device.simulated, control=device.control)
     if isinstance(decision, Prepare):
         assert view is not None
-        if not s.jobs.update_part(job_id, device_id, identity | {"state": decision.state}, seen):
+        if not report(job_id, device_id, Prepared(state=decision.state, device=identity)):
             return
-        if decision.stale and s.coordination.once(f"stale:{decision.table_id}:{job_id}"):
-            s.jobs.event(job_id, EventKind.table_not_reused, f"table {decision.table_id} not reused: {decision.stale}", device_id)
+        if decision.stale and store().coordination.once(f"stale:{decision.table_id}:{job_id}"):
+            store().jobs.event(job_id, EventKind.table_not_reused, f"table {decision.table_id} not reused: {decision.stale}", device_id)
         if decision.profile is not None:
             _ensure_table(job_id, view, decision)
         if decision.estimate is not None:
             _ensure_vector(job_id, decision)
         return
-    _start_fine_tune(job_id, seen, identity, decision)
+    _start_fine_tune(job_id, identity, decision)
 
 
 def _release_table_claim(job_id: str, view: PartView | None, part: DevicePart) -> None:
@@ -210,13 +240,6 @@ def _release_table_claim(job_id: str, view: PartView | None, part: DevicePart) -
     resource = table_resource(resource_ids(view.spec, part.device_type)[0])
     if store().coordination.release_if_held_by(resource, job_id):
         notify_waiters(resource)
-
-
-def _fail(job_id: str, part: DevicePart, reason: str) -> None:
-    """Fail a part (which was read in `part.state`) with `reason`."""
-    s = store()
-    if s.jobs.update_part(job_id, part.device_id, {"state": PartState.failed, "reason": reason, "waiting": None}, part.state):
-        s.jobs.event(job_id, EventKind.failed, f"failed: {reason}", part.device_id)
 
 
 def _ensure_table(job_id: str, view: PartView, decision: Prepare) -> None:
@@ -234,7 +257,7 @@ def _ensure_table(job_id: str, view: PartView, decision: Prepare) -> None:
             job_id, EventKind.profiling,
             f"profiling {rows}{decision.table_id} on {request.device_id} ({request.options.mode})", request.device_id,
         )  # fmt: skip
-        send(app, TaskName.profile_device, request, device_queue(request.device_id))
+        send_tracked(app, s.ledger, TaskName.profile_device, request, device_queue(request.device_id), job_id)
 
 
 def _ensure_vector(job_id: str, decision: Prepare) -> None:
@@ -246,24 +269,28 @@ def _ensure_vector(job_id: str, decision: Prepare) -> None:
         send(app, TaskName.advance_job, job_id)
     elif s.coordination.claim(resource, job_id):
         s.jobs.event(job_id, EventKind.estimating, f"estimating relation vector {decision.vector_key} on the server queue")
-        send(app, TaskName.estimate_relation_vector, decision.estimate)
+        send_tracked(app, s.ledger, TaskName.estimate_relation_vector, decision.estimate, job_id=job_id)
 
 
-def _start_fine_tune(job_id: str, seen: PartState, identity: dict[str, object], decision: FineTune) -> None:
-    s = store()
+def _start_fine_tune(job_id: str, identity: Identified, decision: FineTune) -> None:
+    """Record the selection and dispatch the fine-tune under a new token (its task id): the
+    part accepts an attempt only of that task and request. Sent after it is recorded, so a
+    crash in between leaves a dispatched part without a task, which the reaper sends again."""
     device_id = decision.request.device_id
-    changes = identity | {
-        "state": PartState.finetuning,
-        "selection": decision.selection,
-        "baseline1": decision.baseline1,
-        "estimated_time_to_accuracy_s": decision.estimated_time_to_accuracy_s,
-        "baseline1_estimated_time_to_accuracy_s": decision.baseline1_estimated_time_to_accuracy_s,
-    }
-    if not s.jobs.update_part(job_id, device_id, changes, seen):
+    token = uuid.uuid4().hex
+    dispatched = Dispatched(
+        device=identity, token=token, request=decision.request, selection=decision.selection,
+        estimated_time_to_accuracy_s=decision.estimated_time_to_accuracy_s, baseline1=decision.baseline1,
+        baseline1_estimated_time_to_accuracy_s=decision.baseline1_estimated_time_to_accuracy_s,
+    )  # fmt: skip
+    if not report(job_id, device_id, dispatched):
         return
     if decision.baseline1_problem:
-        s.jobs.event(job_id, EventKind.baseline1_unavailable, f"Baseline 1 has no configuration: {decision.baseline1_problem}", device_id)
-    if s.coordination.once(f"finetune:{job_id}:{device_id}"):
-        choice = decision.selection
-        s.jobs.event(job_id, EventKind.selected, f"selected b={choice.batch_size} f={choice.frequency_hz} Hz; fine-tuning", device_id)
-        send(app, TaskName.finetune, decision.request, device_queue(device_id))
+        store().jobs.event(job_id, EventKind.baseline1_unavailable, f"Baseline 1 has no configuration: {decision.baseline1_problem}",
+                           device_id)  # fmt: skip
+    dispatch_fine_tune(token, decision.request)
+
+
+def dispatch_fine_tune(token: str, request: FinetuneRequest) -> None:
+    """Send the fine-tune of a part, as the task `token` on its device's queue."""
+    send(app, TaskName.finetune, request, device_queue(request.device_id), task_id=token)

@@ -1,6 +1,7 @@
-"""Start a Celery worker of the edgetrain app in this process: it announces itself (and its
-device) with a heartbeat, holds a lease on every task it runs, and a control worker also runs
-the reaper that hands on the tasks of workers that are gone."""
+"""Start a Celery worker of the edgetrain app in this process: it checks that Redis keeps its
+data, announces itself (and its device) with a heartbeat, holds a lease on every task it runs,
+ends what a revoked task or a dead pool process served, and a control worker also runs the
+reaper that hands on the tasks of workers that are gone."""
 
 from __future__ import annotations
 
@@ -8,19 +9,28 @@ import logging
 import os
 import socket
 
-from celery.signals import task_failure, worker_process_init
+import redis
+from celery.signals import worker_process_init, worker_shutting_down
 
+from edgetrain.common.host_checks import host_findings
+from edgetrain.common.redis_health import RedisUnsafe, problems
 from edgetrain.common.schemas import DeviceInfo
 from edgetrain.common.settings import Settings
-from edgetrain.common.store import WorkerInfo
+from edgetrain.common.store import DeviceIdTaken, Store, WorkerInfo
+from edgetrain.common.store.connection import stop_retrying
 from edgetrain.tasks import context
 from edgetrain.tasks.leases import hold_leases
 from edgetrain.tasks.reaper import Reaper
+from edgetrain.tasks.stopped import watch_stopped_tasks
 
 from .heartbeat import Heartbeat
+from .logs import use_log_format
 from .output import note
 
 logger = logging.getLogger(__name__)
+
+
+TRAINING_ROLES = ("server", "device")  # the roles whose processes run PyTorch; the control worker never imports it
 
 
 def _set_torch_threads(settings: Settings) -> None:
@@ -30,17 +40,51 @@ def _set_torch_threads(settings: Settings) -> None:
         torch.set_num_threads(settings.torch_threads)
 
 
+def check_redis(store: Store) -> None:
+    """Refuse (RedisUnsafe) a Redis that evicts keys: it would lose jobs without a word; warn
+    of the other problems (common/redis_health.py). A Redis whose settings cannot be read is
+    used as it is, with a warning."""
+    try:
+        found = problems(store.redis_facts())
+    except redis.ResponseError as exc:
+        logger.warning("cannot check Redis's eviction policy and persistence (%s); make sure it has "
+                       "maxmemory-policy noeviction and appendonly yes", exc)  # fmt: skip
+        return
+    for problem in found:
+        if problem.severe:
+            raise RedisUnsafe(f"refusing to start: {problem.line()}")
+        logger.warning("%s", problem.line())
+
+
+def _shutting_down(store: Store, instance: str) -> None:
+    """worker_shutting_down: wait for Redis no more (with Redis gone too, a host shutdown, the
+    worker exits in seconds), and tell this worker's running fine-tunes to checkpoint and stop."""
+    stop_retrying()
+    try:
+        store.liveness.request_stop(instance)
+    except redis.RedisError as exc:
+        logger.warning("cannot tell the running fine-tunes to stop (%s): they stop when their process does", exc)
+
+
 def consume(
     queues: list[str], name: str, role: str, concurrency: int, loglevel: str = "INFO", device: DeviceInfo | None = None
-) -> None:
+) -> int:
     """Consume `queues` with the app `context.init` configured (prefork pool: tasks run in
     child processes the worker survives), until a shutdown signal (SIGTERM/SIGINT: warm
-    shutdown). DeviceIdTaken when `device`'s id is served by another live worker."""
+    shutdown). Returns the worker's exit status: 0 after a shutdown signal, non-zero when it
+    stopped on an error. DeviceIdTaken when `device`'s id is served by another live worker, at
+    start or later (then the worker stops at once, leaving the device to the other);
+    RedisUnsafe when Redis evicts keys."""
     settings, store = context.settings(), context.store()
-    _set_torch_threads(settings)
-    worker_process_init.connect(lambda **_: _set_torch_threads(settings), weak=False)
+    check_redis(store)
+    if role in TRAINING_ROLES:
+        _set_torch_threads(settings)
+        worker_process_init.connect(lambda **_: _set_torch_threads(settings), weak=False)
     node = f"{name}@{socket.gethostname()}"
-    info = WorkerInfo(node=node, role=role, queues=queues, hostname=socket.gethostname(), pid=os.getpid())
+    found = host_findings(settings, role, node, context.bound_device(device.device_id) if device else None)
+    for finding in found:
+        note(f"warning: {finding.problem}; fix: {finding.fix}")
+    info = WorkerInfo(node=node, role=role, queues=queues, hostname=socket.gethostname(), pid=os.getpid(), findings=found)
     heartbeat = Heartbeat(store, settings, info, device)
     heartbeat.first_beat(settings.heartbeat_ttl_s + settings.heartbeat_s, note)
     heartbeat.start()
@@ -48,30 +92,32 @@ def consume(
     if reaper:
         reaper.start()
     hold_leases()
+    watch_stopped_tasks()
+    worker_shutting_down.connect(lambda **_: _shutting_down(store, heartbeat.instance), weak=False,
+                                 dispatch_uid="edgetrain-shutting-down")  # fmt: skip
+    use_log_format(settings.log_format, device.device_id if device else None)
     logger.info("worker %s consuming %s", node, ",".join(queues))
     try:
-        context.app().worker_main(
-            argv=["worker", "-Q", ",".join(queues), "-n", node, "-c", str(concurrency), "-P", "prefork", "--loglevel", loglevel, "-E"]
+        worker = context.app().Worker(
+            hostname=node, queues=queues, concurrency=concurrency, pool_cls="prefork", loglevel=loglevel, task_events=True
         )
+        worker.start()
+        status = int(worker.exitcode or 0)
     finally:
+        stop_retrying()
         if reaper:
             reaper.stop()
         heartbeat.stop()
+    if heartbeat.replaced and device is not None:
+        raise DeviceIdTaken(device.device_id, store.fleet.owner(device.device_id) or "?")
+    return status
 
 
 def run_worker(
     settings: Settings, role: str, queues: list[str], name: str, concurrency: int, loglevel: str = "INFO",
     task_modules: tuple[str, ...] | None = None,
-) -> None:  # fmt: skip
+) -> int:  # fmt: skip
     """Configure this process from `settings` and consume `queues`, running the tasks of
-    `task_modules` (default: all)."""
+    `task_modules` (default: all); returns the worker's exit status."""
     context.init(settings, task_modules)
-    consume(queues, name, role, concurrency, loglevel)
-
-
-def watch_lost_children() -> None:
-    """In a device worker's main process: fail the part or table of a task whose pool child
-    died or hit its hard time limit (the worker itself lives on)."""
-    from edgetrain.tasks.device import on_lost_child
-
-    task_failure.connect(on_lost_child, weak=False, dispatch_uid="edgetrain-lost-child")
+    return consume(queues, name, role, concurrency, loglevel)

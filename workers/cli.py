@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,6 +16,9 @@ from .cli_args import (
     ExitCode,
     connection_options,
     device_id,
+    job_exit_code,
+    job_id,
+    positive_seconds,
     power_cap,
     power_cap_or_none,
     redacted,
@@ -47,12 +49,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """`edgetrain demo`."""
     from .demo import run_demo
 
-    return run_demo(args.json, Path(args.report))
+    return run_demo(args.json, Path(args.report) if args.report else None)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """`edgetrain worker control|server|device`."""
     settings = settings_from(args)
+    if args.log_format:
+        settings = settings.model_copy(update={"log_format": args.log_format})
     if args.role == "server":
         from .server_worker import run_server_workers
 
@@ -62,9 +66,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
         from .celery_worker import run_worker
 
-        run_worker(settings, "control", [CONTROL_QUEUE], args.name or "control", args.concurrency, args.loglevel,
-                   ("edgetrain.tasks.workflow",))  # fmt: skip
-        return ExitCode.ok
+        return run_worker(settings, "control", [CONTROL_QUEUE], args.name or "control", args.concurrency, args.loglevel,
+                          ("edgetrain.tasks.workflow",))  # fmt: skip
     from .device_worker import make_device, run_device_worker
 
     if not args.device_id or not args.backend:
@@ -72,17 +75,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return ExitCode.usage
     device = make_device(args.backend, args.device_id, args.sysfs_root, args.allow_clock_control, args.gpu_index,
                          args.allow_power_limit)
-    run_device_worker(settings, args.device_id, device, args.loglevel)
-    return ExitCode.ok
+    return run_device_worker(settings, args.device_id, device, args.loglevel)
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
-    """`edgetrain fleet`."""
-    from edgetrain.common.store import Store
-
-    settings = settings_from(args)
-    devices = Store.connect(settings.redis_url, settings.key_prefix).fleet.devices()
-    print_json(devices) if args.json else print(format_fleet(devices))
+    """`edgetrain fleet`: registered devices and live workers."""
+    client = _client(args)
+    devices, workers = client.fleet(), client.workers()
+    if args.json:
+        print_json({"devices": [d.model_dump(mode="json") for d in devices], "workers": [w.model_dump(mode="json") for w in workers]})
+    else:
+        print(format_fleet(devices, workers))
     return ExitCode.ok
 
 
@@ -94,34 +97,42 @@ def _client(args: argparse.Namespace) -> EdgeTrainClient:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    """`edgetrain submit JOB.json [--wait]`: prints the job id, then notes on stderr."""
+    """`edgetrain submit JOB.json [--wait] [--timeout S]`: prints the job id, then notes on stderr;
+    waiting, progress on stderr and the report on stdout, with the job's exit status."""
+    from edgetrain.common.documents import DocumentError, read_document
     from edgetrain.tasks.client import JobSpecError, datasets_missing_here, validate_job
 
     from .progress import JobProgress
 
     try:
-        spec = validate_job(json.loads(Path(args.job).read_text()))
-    except (OSError, json.JSONDecodeError) as exc:
-        print(f"cannot read job spec {args.job}: {exc}", file=sys.stderr)
-        return ExitCode.usage
-    except JobSpecError as exc:
+        spec = validate_job(read_document(args.job, "job spec"))
+    except (DocumentError, JobSpecError) as exc:
         print(exc, file=sys.stderr)
         return ExitCode.usage
     client = _client(args)
     job_id = client.submit(spec)
     print(job_id, flush=True)
-    for line in datasets_missing_here(spec) + client.status(job_id).notes:
+    stalled = client.status(job_id).notes
+    for line in datasets_missing_here(spec) + stalled:
         note(f"note: {line}")
-    if not args.wait:
+    if not args.wait and args.timeout is None:
         return ExitCode.ok
+    if stalled:
+        limit = f"gives up after {args.timeout:g} s" if args.timeout else "waits until then (--timeout S gives up; Ctrl-C stops waiting)"
+        note(f"note: nothing picks job {job_id} up until such a worker runs; --wait {limit}")
     progress = JobProgress()
     try:
-        status = client.wait(job_id, on_update=progress)
+        client.wait(job_id, timeout_s=args.timeout, on_update=progress)
+    except TimeoutError:
+        status = client.status(job_id)
+        why = f": {' '.join(status.notes)}" if status.notes else ""
+        note(f"edgetrain: job {job_id} not finished after {args.timeout:g} s (it goes on; `edgetrain status {job_id}` follows it){why}")
+        return ExitCode.timed_out
     finally:
         progress.close()
     report = client.report(job_id)
     print_json(report) if args.json else print(format_report(report))
-    return ExitCode.ok if status.state.value == "completed" else ExitCode.failed
+    return job_exit_code(report)
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -133,10 +144,27 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return ExitCode.ok
 
 
+def cmd_jobs_prune(args: argparse.Namespace) -> int:
+    """`edgetrain jobs prune [--older-than-days D]`: delete old finished jobs (running ones stay)."""
+    if args.older_than_days < 0:
+        print("edgetrain jobs prune: --older-than-days must be 0 or more", file=sys.stderr)
+        return ExitCode.usage
+    pruned = _client(args).store.jobs.prune(args.older_than_days * 24 * 3600)
+    print_json(pruned) if args.json else note(f"deleted {len(pruned)} finished job(s) older than {args.older_than_days:g} days")
+    return ExitCode.ok
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     """`edgetrain cancel JOB_ID`."""
-    status = _client(args).cancel(args.job_id)
-    note(f"job {args.job_id}: cancelling; running fine-tunes stop at their next step and restore their device")
+    from edgetrain.common.store import JobFinished
+
+    try:
+        status = _client(args).cancel(args.job_id)
+    except JobFinished as exc:
+        print(f"edgetrain: {exc}", file=sys.stderr)
+        return ExitCode.finished
+    note(f"job {args.job_id}: cancelling; parts not running are cancelled now, running fine-tunes checkpoint, stop at "
+         "their next step and restore their device")  # fmt: skip
     print_json(status) if args.json else print(status)
     return ExitCode.ok
 
@@ -162,11 +190,14 @@ def cmd_cap(args: argparse.Namespace) -> int:
 
 def cmd_vector_show(args: argparse.Namespace) -> int:
     """`edgetrain vector show (--job JOB_ID | KEY) [--json]`."""
+    from edgetrain.common.store import SetAside
+
     client = _client(args)
-    vector = client.job_vector(args.job) if args.job else client.store.resources.vector(args.key)
+    set_aside: list[SetAside] = []
+    vector = client.job_vector(args.job, set_aside.append) if args.job else client.store.resources.vector(args.key, set_aside.append)
     if vector is None:
         what = f"job {args.job}'s relation vector is not estimated yet" if args.job else f"no relation vector {args.key!r}"
-        print(f"edgetrain: {what}", file=sys.stderr)
+        print(f"edgetrain: {set_aside[0].line() if set_aside else what}", file=sys.stderr)
         return ExitCode.not_found
     print(vector.model_dump_json(indent=2)) if args.json else print(format_vector(vector))
     return ExitCode.ok
@@ -177,9 +208,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     from edgetrain.common.reports import JobReport
 
     status = _client(args).status(args.job_id)
-    print_json(JobReport.from_status(status).model_dump(mode="json") | {"notes": status.notes}) if args.json else print(
-        format_status(status)
-    )
+    if args.json:
+        extra = {"notes": status.notes, "preparation": status.preparation.model_dump(mode="json")}
+        print_json(JobReport.from_status(status).model_dump(mode="json") | extra)
+    else:
+        print(format_status(status))
     return ExitCode.ok
 
 
@@ -248,6 +281,35 @@ def cmd_flower(args: argparse.Namespace) -> int:
     return ExitCode.ok
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """`edgetrain doctor [--json]`: what to fix in the deployment; exit status 1 when anything."""
+    from edgetrain.common.store import Store
+
+    from .doctor import diagnose, summary
+
+    settings = settings_from(args)
+    findings = diagnose(settings)
+    if args.json:
+        print_json({"ok": not findings, "findings": [f.model_dump(mode="json") for f in findings]})
+    elif findings:
+        print(f"edgetrain doctor: {len(findings)} thing{'s' if len(findings) > 1 else ''} to fix\n")
+        print("\n".join(f"- [{f.check}] {f.line()}" for f in findings))
+    else:
+        print(f"edgetrain doctor: {summary(Store.connect(settings.redis_url, settings.key_prefix), settings)}")
+    return ExitCode.failed if findings else ExitCode.ok
+
+
+def cmd_exporter(args: argparse.Namespace) -> int:
+    """`edgetrain exporter`: the fleet's metrics for Prometheus."""
+    import logging
+
+    from .exporter import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(settings_from(args), args.address, args.port)
+    return ExitCode.ok
+
+
 def cmd_redis_acl(args: argparse.Namespace) -> int:
     """`edgetrain redis-acl`: the Redis ACL file of edgetrain's users."""
     from .redis_acl import acl_file, read_passwords
@@ -271,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run a whole job on an embedded Redis and simulated Jetsons")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--report", default="edgetrain-demo-report.json", help="where to write the JSON report")
+    p.add_argument("--report", help="where to write the JSON report (default: edgetrain-demo-JOB_ID.json here)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("worker", help="run a worker process", parents=conn)
@@ -287,20 +349,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=1, help="pool processes (server and control workers)")
     p.add_argument("--name", help="worker node name")
     p.add_argument("--loglevel", default="INFO")
+    p.add_argument("--log-format", choices=["text", "json"],
+                   help="text, or one JSON object per line with job, device, task and task id (default: $EDGETRAIN_LOG_FORMAT)")
     p.set_defaults(func=cmd_worker)
 
-    p = sub.add_parser("fleet", help="list registered devices", parents=conn)
+    p = sub.add_parser("fleet", help="list registered devices and live workers", parents=conn)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_fleet)
 
     p = sub.add_parser("submit", help="submit a job spec (JSON file)", parents=conn)
     p.add_argument("job", help="JOB.json")
     p.add_argument("--wait", action="store_true", help="follow progress until the job ends")
+    p.add_argument("--timeout", type=positive_seconds, metavar="S",
+                   help="wait at most S seconds (implies --wait), then exit with status 6; the job goes on")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("status", help="a job's state, progress and result", parents=conn)
-    p.add_argument("job_id")
+    p.add_argument("job_id", type=job_id)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
@@ -311,19 +377,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_select)
 
-    p = sub.add_parser("jobs", help="list the newest jobs", parents=conn)
+    p = sub.add_parser("jobs", help="list the newest jobs; `jobs prune` deletes old finished ones", parents=conn)
     p.add_argument("--state", choices=[s.value for s in JobState], help="only jobs in this state")
     p.add_argument("--limit", type=int, default=100, help="how many of the newest jobs (default 100)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_jobs)
+    jobs_sub = p.add_subparsers(dest="jobs_command")
+    prune = jobs_sub.add_parser("prune", help="delete the finished jobs submitted more than --older-than-days ago", parents=conn)
+    prune.add_argument("--older-than-days", type=float, default=7.0, help="age in days (default 7; 0: every finished job)")
+    prune.add_argument("--json", action="store_true")
+    prune.set_defaults(func=cmd_jobs_prune)
 
     p = sub.add_parser("cancel", help="cancel a job: running fine-tunes stop at their next step", parents=conn)
-    p.add_argument("job_id")
+    p.add_argument("job_id", type=job_id)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("requeue", help="plan a failed or cancelled part of a job again", parents=conn)
-    p.add_argument("job_id")
+    p.add_argument("job_id", type=job_id)
     p.add_argument("device_id", type=device_id)
     p.set_defaults(func=cmd_requeue)
 
@@ -338,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = vector_sub.add_parser("show", help="a stored relation vector, by key or by the job that uses it", parents=conn)
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("key", nargs="?", help="the vector's key (events name it)")
-    which.add_argument("--job", help="the job whose vector to show")
+    which.add_argument("--job", type=job_id, help="the job whose vector to show")
     p.add_argument("--json", action="store_true", help="the interchange JSON")
     p.set_defaults(func=cmd_vector_show)
 
@@ -364,11 +435,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--basic-auth", help="user:password; visible in ps: prefer --basic-auth-file")
     p.set_defaults(func=cmd_flower)
 
+    p = sub.add_parser("doctor", help="check the deployment (Redis, workers, clocks, permissions) and say what to fix", parents=conn)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("exporter", help="serve the fleet's metrics for Prometheus (reads Redis at each scrape)", parents=conn)
+    p.add_argument("--port", type=int, default=9847, help="default 9847")
+    p.add_argument("--address", default="127.0.0.1", help="listen address (default 127.0.0.1; 0.0.0.0 for a scraper elsewhere)")
+    p.set_defaults(func=cmd_exporter)
+
     p = sub.add_parser("redis-acl", help="print a Redis ACL file with a user per role (worker, submitter, monitor)")
     p.add_argument("--passwords", type=Path, required=True, help="folder of <role>.password files")
     p.add_argument("--key-prefix", default=DEFAULT_PREFIX, help="edgetrain's key prefix (EDGETRAIN_KEY_PREFIX)")
     p.set_defaults(func=cmd_redis_acl)
     return parser
+
+
+def _redis_full(url: str) -> str:
+    """What to say when Redis refused a write for lack of memory."""
+    import redis
+
+    from edgetrain.common.redis_health import full_message, read_facts
+    from edgetrain.common.store import connect
+
+    try:
+        return full_message(read_facts(connect(url)))
+    except redis.RedisError:
+        return "Redis is full (it reached its maxmemory): raise maxmemory or free memory in it"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -377,14 +470,25 @@ def main(argv: list[str] | None = None) -> int:
     import redis
 
     from edgetrain.common.devices.base import DeviceError
+    from edgetrain.common.ids import InvalidIdError
+    from edgetrain.common.redis_health import RedisUnsafe
     from edgetrain.common.store import DeviceIdTaken, JobNotFoundError
 
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (DeviceError, DeviceIdTaken) as exc:
+    except RedisUnsafe as exc:
+        print(f"edgetrain: {exc}", file=sys.stderr)
+        return ExitCode.redis_unsafe
+    except redis.exceptions.OutOfMemoryError:
+        print(f"edgetrain: {_redis_full(getattr(args, 'redis_url', None) or get_settings().redis_url)}", file=sys.stderr)
+        return ExitCode.redis_unsafe
+    except (DeviceError, InvalidIdError) as exc:
         print(f"edgetrain: {exc}", file=sys.stderr)
         return ExitCode.usage
+    except DeviceIdTaken as exc:
+        print(f"edgetrain: {exc}", file=sys.stderr)
+        return ExitCode.device_taken
     except JobNotFoundError as exc:
         print(f"edgetrain: {exc.args[0]}; `edgetrain jobs` lists the jobs", file=sys.stderr)
         return ExitCode.not_found

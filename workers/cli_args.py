@@ -4,26 +4,44 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
+from collections.abc import Callable
 from enum import IntEnum
 from urllib.parse import parse_qs, urlparse
 
-from edgetrain.common.schemas import ID_PATTERN
+from edgetrain.common.ids import InvalidIdError, checked_id
+from edgetrain.common.jobs import JobState, PartState
+from edgetrain.common.reports import JobReport
+from edgetrain.common.selection import InfeasibleCapError
 from edgetrain.common.settings import Settings
 
 
 class ExitCode(IntEnum):
-    """Exit statuses of the `edgetrain` command."""
+    """Exit statuses of the `edgetrain` command (the README's table lists every one)."""
 
     ok = 0
-    failed = 1  # the work ran and failed (a job not completed, a profile that failed)
+    failed = 1  # the work ran and failed (a job not completed or its target not reached, a profile that failed)
     usage = 2  # bad input: arguments, a spec, an unknown device
     infeasible = 3  # no configuration meets the power cap
     unreachable = 4  # Redis cannot be reached (or refuses the credentials)
     not_found = 5  # no job, table or vector by that id
+    finished = 6  # nothing to do: the job has finished already (cancel)
+    device_taken = 7  # another live worker serves this device id (a device worker refused or replaced)
+    redis_unsafe = 8  # Redis is full, or evicts keys (it would lose jobs): the message names the setting
+    timed_out = 124  # `--timeout` passed before the job finished (the job goes on), as timeout(1) says it
     interrupted = 130
     broken_pipe = 141  # whoever read the output went away (`| head`)
+
+
+def job_exit_code(report: JobReport) -> ExitCode:
+    """A finished job's exit status: ok when every device completed and reached the target;
+    infeasible when every device that failed did because no configuration meets its power cap;
+    failed otherwise."""
+    failed = [d for d in report.devices if d.state == PartState.failed]
+    if failed and all(InfeasibleCapError.describes(d.reason) for d in failed):
+        return ExitCode.infeasible
+    reached = all(d.achieved is not None and d.achieved.reached for d in report.devices)
+    return ExitCode.ok if report.state == JobState.completed and reached else ExitCode.failed
 
 
 def connection_options(suppress_defaults: bool = False) -> argparse.ArgumentParser:
@@ -40,24 +58,40 @@ def warn_secret_on_command_line(option: str, instead: str) -> None:
           f"use {instead} instead", file=sys.stderr)  # fmt: skip
 
 
-def device_id(text: str) -> str:
-    """An argparse type: a device id as the fleet accepts it."""
-    if re.fullmatch(ID_PATTERN, text) is None:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a device id: 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
-        )
-    return text
+def _id_type(field: str) -> Callable[[str], str]:
+    def checked(text: str) -> str:
+        try:
+            return checked_id(text, field)
+        except InvalidIdError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    checked.__name__ = field  # argparse names the type in its messages
+    return checked
+
+
+device_id = _id_type("device id")  # an argparse type: a device id as the fleet accepts it
+job_id = _id_type("job id")  # an argparse type: a job id
+
+
+def _positive(text: str, unit: str, what: str) -> float:
+    """`text` as a finite number above 0, or an argparse error naming `what` and its `unit`."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: {what} is a finite number of {unit} above 0")
+    return value
 
 
 def power_cap(text: str) -> float:
     """An argparse type: a board power cap, a finite number of watts above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of watts") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a power cap is a finite number of watts above 0")
-    return value
+    return _positive(text, "watts", "a power cap")
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a time limit, a finite number of seconds above 0."""
+    return _positive(text, "seconds", "a time limit")
 
 
 def power_cap_or_none(text: str) -> float | None:

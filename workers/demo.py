@@ -8,10 +8,10 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from edgetrain.common.jobs import JobState
 from edgetrain.common.presets import QUICK_JOB
 from edgetrain.tasks.client import EdgeTrainClient
 
+from .cli_args import job_exit_code
 from .cluster import LocalCluster
 from .output import format_report, note
 from .progress import JobProgress, activity
@@ -19,9 +19,12 @@ from .progress import JobProgress, activity
 DEMO_DEVICES = {"nano-1": "sim:jetson-nano", "tx2nx-1": "sim:jetson-tx2-nx"}
 
 
-def run_demo(as_json: bool, report_path: Path) -> int:
-    """Run the quick job on a local cluster of two simulated Jetsons (always its own embedded
-    Redis, never a fleet's); print and save the report."""
+def run_demo(as_json: bool, report_path: Path | None = None) -> int:
+    """Run the quick job on a local cluster of two simulated Jetsons; print the report and
+    save it to `report_path` (default: edgetrain-demo-<job id>.json in the current folder, so
+    demos run side by side keep their own). It always starts its own embedded Redis and never
+    uses EDGETRAIN_REDIS_URL: its workers would consume a real fleet's queues and its
+    simulated devices would join that fleet."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="edgetrain-demo-") as tmp, ExitStack() as stack:
         with activity("starting an embedded Redis and 4 worker processes (control, server, two simulated Jetsons)"):
@@ -39,6 +42,7 @@ def run_demo(as_json: bool, report_path: Path) -> int:
             stack.close()
     wall_s = time.perf_counter() - started
     document = report.model_dump(mode="json") | {"wall_s": wall_s}
+    report_path = report_path or Path(f"edgetrain-demo-{job_id}.json")
     report_path.write_text(json.dumps(document, indent=2))
     if as_json:
         print(json.dumps(document, indent=2))
@@ -46,4 +50,4 @@ def run_demo(as_json: bool, report_path: Path) -> int:
         print(format_report(report))
         print(f"\nwall time of the whole demo {wall_s:.0f} s (the device times above are the twins' clocks); "
               f"full report: {report_path}")  # fmt: skip
-    return 0 if report.state == JobState.completed else 1
+    return job_exit_code(report)

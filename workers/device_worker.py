@@ -12,10 +12,11 @@ from edgetrain.common.devices.base import Device, DeviceError
 from edgetrain.common.profiling import software_versions
 from edgetrain.common.schemas import DeviceInfo
 from edgetrain.common.settings import Settings
+from edgetrain.common.store import DeviceIdTaken
 from edgetrain.tasks import context
 from edgetrain.tasks.contract import device_queue
 
-from .celery_worker import consume, watch_lost_children
+from .celery_worker import consume
 
 DEVICE_TASKS = ("edgetrain.tasks.workflow", "edgetrain.tasks.device")
 
@@ -63,21 +64,27 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def run_device_worker(settings: Settings, device_id: str, device: Device, loglevel: str = "INFO") -> None:
+def run_device_worker(settings: Settings, device_id: str, device: Device, loglevel: str = "INFO") -> int:
     """Register `device` in the fleet and run its tasks from `device.<id>`, one at a time, in
-    a pool child the worker survives; the device's original settings are restored on exit."""
+    a pool child the worker survives; the device's original settings are restored on exit.
+    Returns the worker's exit status."""
     from edgetrain.common.devices.lifecycle import restore_on_signals
 
     context.init(settings, DEVICE_TASKS)
     context.bind_device(device_id, device)
-    watch_lost_children()
     # Until Celery installs its own handlers, SIGTERM/SIGINT restore and exit through the
-    # `finally` below; afterwards a SIGTERM is a warm shutdown (the running task finishes at
-    # its pinned frequency) before that `finally` restores; an exit hook covers the rest.
+    # `finally` below; afterwards a SIGTERM is a warm shutdown (a running fine-tune checkpoints
+    # and stops at its next step, a profile finishes) before that `finally` restores; an exit
+    # hook covers the rest.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _exit_on_signal)
     restore_on_signals(device)
+    replaced = False
     try:
-        consume([device_queue(device_id)], f"device-{device_id}", "device", 1, loglevel, device_info(device_id, device))
+        return consume([device_queue(device_id)], f"device-{device_id}", "device", 1, loglevel, device_info(device_id, device))
+    except DeviceIdTaken:
+        replaced = True  # the worker that serves the device now owns its settings
+        raise
     finally:
-        device.restore()
+        if not replaced:
+            device.restore()

@@ -50,10 +50,12 @@ def load_specs(path: str | None, scale: str | None) -> list[EvaluationSpec]:
         raise SpecProblem("give a spec file (SPEC.json) or --scale quick|paper, not both")
     if scale is not None:
         return scale_preset(scale)  # type: ignore[arg-type]  # argparse allows the scales only
+    from edgetrain.common.documents import DocumentError, read_document
+
     try:
-        data = json.loads(Path(path).read_text())  # type: ignore[arg-type]  # not None here
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecProblem(f"cannot read the evaluation spec {path}: {exc}") from None
+        data = read_document(path, "the evaluation spec")  # type: ignore[arg-type]  # not None here
+    except DocumentError as exc:
+        raise SpecProblem(str(exc)) from None
     try:
         return [EvaluationSpec.model_validate(data)]
     except ValidationError as exc:

@@ -38,7 +38,8 @@ from edgetrain.common.jobs import JobStatus
 from edgetrain.common.keys import table_id, vector_key
 from edgetrain.common.models import get_model
 from edgetrain.common.payloads import PretrainRequest
-from edgetrain.common.schemas import DeviceInfo, ProfileTable, RelationVector
+from edgetrain.common.schemas import DeviceInfo, EstimationRequest, ProfileTable, RelationVector
+from edgetrain.common.store import SetAside
 from edgetrain.common.tables import missing_batch_sizes, reuse_problem, rows_of
 from edgetrain.tasks.client import EdgeTrainClient, Pending, ResourceFailed
 
@@ -76,6 +77,10 @@ class _Evaluation:
 
     def table_id(self, info: DeviceInfo) -> str:
         return table_id(info.device_type, self.spec.model, get_model(self.spec.model).input_shape)
+
+    def set_aside(self, record: SetAside) -> None:
+        """A stored table, vector or weights record no longer loaded: it was set aside, and is made again."""
+        self.progress.log(record.line())
 
     # ---------------------------------------------------------------- waiting
 
@@ -120,7 +125,7 @@ class _Evaluation:
             if tid in stored or tid in waited:
                 continue
             cap = entry.power_caps_w[0] if spec.profiling.mode == "staircase" else None
-            current = self.client.store.resources.table(tid)
+            current = self.client.store.resources.table(tid, self.set_aside)
             problem = "not stored" if current is None else reuse_problem(current, info, cap)
             if spec.profiling.force:
                 problem = "the spec asks to profile again (profiling.force)"
@@ -135,7 +140,12 @@ class _Evaluation:
             pending = self.client.profile(info, spec.model, rows, spec.profiling, cap, merge=bool(missing))
             self.dispatched.profiles += pending.dispatched
             doing = f"profiling {spec.profiling.mode} of batch sizes {rows} on {info.device_id}"
-            waited[tid] = self.pending(f"lookup table {tid}", pending, doing)
+
+            def measured(info: DeviceInfo = info, doing: str = doing) -> str:
+                progress = self.client.profiling_progress(info.device_type, spec.model)
+                return f"{doing}: {progress.line()}" if progress and not progress.done else doing
+
+            waited[tid] = self.pending(f"lookup table {tid}", pending, doing, measured)
         return stored, waited
 
     # ---------------------------------------------------------------- weights and vectors
@@ -149,7 +159,7 @@ class _Evaluation:
         options = {"batch_size": spec.pretrain.batch_size, "lr": spec.lr, "seed": spec.init_seed}
         request = PretrainRequest(model=spec.model, dataset=spec.pretrain.dataset, samples=spec.pretrain.max_samples, **options)
         what = f"pre-training {spec.model} on {spec.pretrain.dataset.name} ({spec.pretrain.max_samples} samples)"
-        stored = self.client.store.resources.pretrained(request)
+        stored = self.client.store.resources.pretrained(request, self.set_aside)
         if stored is not None:
             self.progress.log(f"{what}: stored, reused")
             return stored.weights, stored.test_accuracy
@@ -172,7 +182,7 @@ class _Evaluation:
             key = vector_key(request)
             role = "proxy" if goal == self.spec.proxy else "target"
             what = f"N_b on {goal.label} ({role}, to {goal.target_accuracy:g})"
-            vector = self.client.store.resources.vector(key)
+            vector = self.client.store.resources.vector(key, self.set_aside)
             if vector is not None:
                 stored[goal.label] = vector
                 self.progress.log(f"{what}: stored, reused")
@@ -181,8 +191,11 @@ class _Evaluation:
             self.dispatched.estimations += pending.dispatched
             runs = len(request.batch_sizes) * len(request.seeds)
 
-            def done(key: str = key, runs: int = runs) -> str:
-                return f"{len(self.client.store.resources.vector_parts(key))}/{runs} proxy runs done on the server pool"
+            def done(request: EstimationRequest = request) -> str:
+                progress = self.client.estimation_progress(request)
+                if progress is None:
+                    return "estimated"
+                return "; ".join([f"{progress.line()} on the server pool", *progress.running_lines()])
 
             waited[goal.label] = self.pending(what, pending, f"0/{runs} proxy runs done on the server pool", done)
         return stored, waited
@@ -244,7 +257,7 @@ class _Evaluation:
             if part.report is None:
                 return f"{part.state.value}: {part.reason}"
             run = part.report
-            return (f"{part.state.value}, accuracy {run.final_accuracy:.3f} ({'reached' if run.reached else 'NOT reached'}) "
+            return (f"{part.state.value}, accuracy {run.final_accuracy:.3f} ({'reached' if run.reached else 'target not reached'}) "
                     f"after {run.samples_processed} samples, device time {run.device_time_s:.3g} s")  # fmt: skip
 
         return outcome

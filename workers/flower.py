@@ -5,16 +5,26 @@ unless authentication is configured: HTTP basic auth from a file (`--basic-auth-
 `EDGETRAIN_FLOWER_BASIC_AUTH_FILE`) or the environment (`EDGETRAIN_FLOWER_BASIC_AUTH`), or
 Flower's own `FLOWER_BASIC_AUTH` / `FLOWER_AUTH` (OAuth). Flower's HTTP API answers only with
 authentication, or on any address with `FLOWER_UNAUTHENTICATED_API=true`.
+
+On the `monitor` Redis user (workers/redis_acl.py), which has no remote control, Flower shows
+the workers and tasks from their events and the queue lengths of `ClusterQueues`, and cannot
+shut workers down or revoke tasks; on the `worker` user it can.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Iterator
 from pathlib import Path
+
+from celery.events import EventReceiver
+from kombu import Queue
 
 from edgetrain.common.secret_files import read_secret
 from edgetrain.common.settings import Settings
+from edgetrain.common.store import Store
+from edgetrain.tasks.contract import CONTROL_QUEUE, SERVER_QUEUE, device_queue
 
 AUTH_ENV = "EDGETRAIN_FLOWER_BASIC_AUTH"
 FLOWER_AUTH_ENV = ("FLOWER_BASIC_AUTH", "FLOWER_AUTH")  # Flower's own options, read by Flower
@@ -66,6 +76,24 @@ def exposure_problem(address: str, basic_auth: str | None) -> str | None:
     )
 
 
+def _no_wakeup(_receiver: EventReceiver, channel: object = None) -> None:
+    """Flower's event capture would first broadcast a remote-control `heartbeat` to wake the
+    workers; the `monitor` user may not broadcast, and the workers send a heartbeat every 2 s."""
+
+
+class ClusterQueues:
+    """The queues whose lengths Flower shows, for a Flower that cannot ask the workers which
+    they consume (the `monitor` user may not use Celery's remote control): control, server and
+    the queue of each live device, read from the store each time Flower asks."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def __iter__(self) -> Iterator[Queue]:
+        names = [CONTROL_QUEUE, SERVER_QUEUE, *(device_queue(d.device_id) for d in self.store.fleet.devices())]
+        return iter([Queue(name) for name in names])
+
+
 def run_flower(settings: Settings, address: str, port: int, basic_auth: str | None) -> None:
     """Run Flower for the cluster of `settings` until it is stopped; FlowerConfigError first
     when it would serve the network without a login."""
@@ -75,7 +103,9 @@ def run_flower(settings: Settings, address: str, port: int, basic_auth: str | No
     from edgetrain.tasks import context
 
     context.init(settings, task_modules=())
-    argv = ["flower", f"--port={port}", f"--address={address}"]
+    context.app().conf.task_queues = ClusterQueues(context.store())
+    EventReceiver.wakeup_workers = _no_wakeup
+    argv = ["flower", f"--port={port}", f"--address={address}", "--enable_events=False"]  # the workers send events anyway
     if basic_auth:
         argv.append(f"--basic-auth={basic_auth}")  # Flower's own argv, not this process's: not in `ps`
     context.app().start(argv=argv)

@@ -1,10 +1,13 @@
 """A worker's heartbeat: keeps its entry in the worker registry alive (role, queues, host,
-pid), and a device worker's device in the fleet, while the process runs."""
+pid), and a device worker's device in the fleet, while the process runs; and watches the
+store's identity, to say loudly when Redis lost edgetrain's data (restarted without
+persistence, flushed)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -14,7 +17,7 @@ from typing_extensions import override
 
 from edgetrain.common.schemas import DeviceInfo
 from edgetrain.common.settings import Settings
-from edgetrain.common.store import DeviceIdTaken, Store, WorkerInfo
+from edgetrain.common.store import DeviceIdTaken, Store, StoreIdentity, WorkerInfo
 
 logger = logging.getLogger(__name__)
 
@@ -27,12 +30,31 @@ class Heartbeat(threading.Thread):
         self.store, self.settings, self.worker, self.device = store, settings, worker, device
         self.instance = f"{worker.node}:{worker.pid}"
         self.stopped = threading.Event()
+        self.replaced = False  # another worker serves the device id now: this one stops
+        self.identity: StoreIdentity | None = None  # of the store this worker works in
 
     def beat(self, replaces: str = "") -> None:
         """One heartbeat; DeviceIdTaken when another live worker serves the device id."""
         self.store.liveness.heartbeat(self.worker)
         if self.device is not None:
             self.store.fleet.register(self.device, self.settings.heartbeat_ttl_s, self.instance, replaces)
+        self.watch_identity()
+
+    def watch_identity(self) -> None:
+        """Learn the store's identity (creating it in a new store); when the one known before
+        is gone or replaced, say so loudly and go on with the new one (re-created if gone)."""
+        known = self.identity
+        current = self.store.identity.current() or self.store.identity.ensure(replaces=known.store_id if known else None)
+        if known is None:
+            logger.info("store %s, created at %s", current.store_id, current.created_at.isoformat())
+        elif current.store_id != known.store_id:
+            logger.error(
+                "edgetrain's data in Redis was lost: the store %s (created at %s) is gone, Redis restarted without "
+                "persistence or its data was deleted; now store %s (created at %s). Jobs submitted before are lost; "
+                "set appendonly yes on Redis to keep them across restarts",
+                known.store_id, known.created_at.isoformat(), current.store_id, current.created_at.isoformat(),
+            )  # fmt: skip
+        self.identity = current
 
     def _owner_on_this_host(self) -> tuple[str, bool] | None:
         """(owner, whether its process is alive) when the device id's owner is a worker on
@@ -78,13 +100,19 @@ class Heartbeat(threading.Thread):
                 self.beat()
             except redis.RedisError as exc:  # Redis restarting: try again next period
                 logger.warning("heartbeat of %s failed: %s; retrying in %g s", self.worker.node, exc, self.settings.heartbeat_s)
-            except DeviceIdTaken as exc:  # our claim lapsed during an outage and another worker took the id
-                logger.error("%s", exc)
+            except DeviceIdTaken as exc:  # our claim lapsed (a freeze, an outage) and another worker took the id
+                logger.error("%s: this worker stops and abandons its task, which the other worker carries on", exc)
+                self.replaced = True
+                self.stopped.set()
+                os.kill(os.getpid(), signal.SIGTERM)  # a warm shutdown: its fine-tune's writes are refused, it stops at once
 
     def stop(self) -> None:
-        """Stop beating and leave the registry (and the fleet)."""
+        """Stop beating and leave the registry (and the fleet, unless another worker serves the
+        device now)."""
         self.stopped.set()
-        self.join(timeout=5)
+        self.join(timeout=1)
+        if self.replaced:
+            return
         try:
             self.store.liveness.remove_worker(self.worker.node)
             if self.device is not None:

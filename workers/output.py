@@ -16,6 +16,7 @@ from edgetrain.common.jobs import JobStatus, JobSummary, PartState
 from edgetrain.common.keys import table_id
 from edgetrain.common.reports import DeviceReport, JobReport
 from edgetrain.common.schemas import DeviceInfo, ProfileTable, RelationVector, Selection
+from edgetrain.common.store import LiveWorker
 
 from .progress import part_line
 
@@ -48,14 +49,14 @@ def _choice(label: str, choice: Selection, estimate_s: float | None, control: Co
     )
 
 
-def _achieved(d: DeviceReport) -> list[str]:
+def _achieved(d: DeviceReport, target_accuracy: float) -> list[str]:
     run = d.achieved
     assert run is not None
     clock = "the twin's clock" if run.simulated else "measured on the device"
     over = f" ABOVE the {d.power_cap_w} W cap" if d.over_cap else ""
     lines = [
-        f"  achieved  : accuracy {run.final_accuracy:.3f} ({'reached' if run.reached else 'NOT reached'}) "
-        f"after {run.samples_processed} samples",
+        f"  achieved  : accuracy {run.final_accuracy:.3f} "
+        f"({'reached' if run.reached else f'target {target_accuracy:g} not reached'}) after {run.samples_processed} samples",
         f"              device time {_fmt(run.device_time_s, 's')} ({clock}), energy {_fmt(run.energy_j, 'J')}, "
         f"peak power {_fmt(run.peak_power_w, 'W')}{over}; wall time on the worker {run.wall_s:.0f} s",
     ]
@@ -68,6 +69,8 @@ def _achieved(d: DeviceReport) -> list[str]:
                      f"{_fmt(guard.over_cap_s, 's')} over the cap, highest reading {_fmt(guard.peak_power_w, 'W')}")  # fmt: skip
     if run.paused_s:
         lines.append(f"              paused {_fmt(run.paused_s, 's')} at idle clocks: no configuration met the cap")
+    if run.learned is not None:
+        lines.append(f"  learned   : {run.learned.source}: {run.learned.summary}")
     if run.switches:
         lines.append("  switches  : (device time, cause, cap: old -> new)")
         lines += [f"              {switch.line()}" for switch in run.switches]
@@ -98,7 +101,7 @@ def format_report(report: JobReport) -> str:
                 + (f"  (estimated speed-up {speedup:.2f}x)" if speedup else "")
             )
         if d.achieved:
-            lines += _achieved(d)
+            lines += _achieved(d, report.spec.target_accuracy)
     return "\n".join(lines)
 
 
@@ -107,31 +110,38 @@ def format_status(status: JobStatus) -> str:
     lines = [format_report(JobReport.from_status(status))]
     if not status.finished:
         lines += ["", "now:"] + [f"  {d}: {part_line(status, d)}" for d in status.parts]
+    if estimation := status.preparation.estimation:
+        lines += ["", f"relation vector {estimation.vector_key}: {estimation.line()}"]
+        lines += [f"  {run.line(estimation.target_accuracy)}" for run in estimation.runs]
     lines += [f"note: {n}" for n in status.notes]
     lines.append("events:\n  " + "\n  ".join(e.line() for e in status.events))
     return "\n".join(lines)
 
 
 def format_jobs(jobs: list[JobSummary]) -> str:
-    """One line per job, newest first."""
+    """One line per job, newest first; a job with a device that did not reach the target says so."""
     if not jobs:
         return "no jobs"
-    return "\n".join(f"{j.job_id}  {j.state.value:<10} {j.model:<18} {j.devices:>4} device(s)  submitted {j.created_at:%Y-%m-%d %H:%M:%S}"
-                     for j in jobs)  # fmt: skip
+    return "\n".join(
+        f"{j.job_id}  {j.state.value:<10} {j.model:<18} {j.devices:>4} device(s)  submitted {j.created_at:%Y-%m-%d %H:%M:%S}"
+        + (f"  target not reached on {j.not_reached} of {j.devices}" if j.not_reached else "")
+        for j in jobs
+    )
 
 
-def format_fleet(devices: list[DeviceInfo]) -> str:
-    """One line per registered device."""
-    if not devices:
-        return "no devices registered"
-    lines = []
+def format_fleet(devices: list[DeviceInfo], workers: list[LiveWorker]) -> str:
+    """The registered devices, then the live workers (role, node, queues, host, last heartbeat)."""
+    lines = [f"devices ({len(devices)} registered):"] if devices else ["no devices registered"]
     for d in devices:
         freqs = f"{len(d.frequencies_hz)} frequencies {d.frequencies_hz[0] / 1e6:.0f}-{d.frequencies_hz[-1] / 1e6:.0f} MHz"
         sim = " SIMULATED" if d.simulated else ""
         lines.append(
-            f"{d.device_id:<16} {d.device_type:<20} {d.backend:<7}{sim}  {freqs}, "
+            f"  {d.device_id:<16} {d.device_type:<20} {d.backend:<7}{sim}  {freqs}, "
             f"{d.memory_bytes / 2**30:.1f} GiB, heartbeat {d.heartbeat_at:%H:%M:%S}"
         )
+    lines.append(f"workers ({len(workers)} live):" if workers else "no live workers")
+    lines += [f"  {w.role:<8} {w.node:<32} queues {','.join(w.queues):<20} host {w.hostname} pid {w.pid}, "
+              f"heartbeat {w.heartbeat_at:%H:%M:%S}" for w in workers]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -180,7 +190,20 @@ def format_vector(vector: RelationVector) -> str:
         mean, std, ratio = vector.samples_for(b), vector.samples_std_for(b), vector.ratio(b)
         n_b = "censored" if mean is None else f"{mean:.0f} ± {std or 0:.0f}"
         lines.append(f"{b:>6} {n_b:>20} {'-' if ratio is None else f'{ratio:.3f}':>8}")
+    lines.append(f"numbers from: {vector_source(vector)}")
     return "\n".join(lines)
+
+
+def vector_source(vector: RelationVector) -> str:
+    """Where a vector's numbers come from, in one line."""
+    if vector.provenance is not None:
+        return f"{vector.provenance.source}: {vector.provenance.summary}"
+    request = vector.request
+    if request is None:
+        return "proxy runs (not recorded which)"
+    seeds = len(request.seeds)
+    return (f"proxy: {request.proxy_dataset.name} to {request.target_accuracy:g} on the server pool, "
+            f"{len(request.batch_sizes)} batch sizes x {seeds} seed{'s' if seeds > 1 else ''} from {request.weights}")  # fmt: skip
 
 
 def format_data_status(result: dict[str, bool | str]) -> str:

@@ -108,7 +108,7 @@ def cmd_profile_run(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return ExitCode.usage
     tid = table_id(info.device_type, entry.name, entry.input_shape)
-    current = s.resources.table(tid)
+    current = s.resources.table(tid, lambda record: note(record.line()))
     if current is not None:
         problem = _reuse_problem(current, info, args)
         if problem is None:
@@ -126,7 +126,7 @@ def cmd_profile_show(args: argparse.Namespace) -> int:
     from edgetrain.common.models import get_model
     from edgetrain.common.plotting import describe_selection, plot_profile
     from edgetrain.common.schemas import RelationVector
-    from edgetrain.common.store import Store
+    from edgetrain.common.store import SetAside, Store
 
     try:
         entry = get_model(args.model)
@@ -143,11 +143,15 @@ def cmd_profile_show(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     s = Store.connect(settings.redis_url, settings.key_prefix)
     tid = table_id(args.device_type, entry.name, entry.input_shape)
-    table = s.resources.table(tid)
+    set_aside: list[SetAside] = []
+    table = s.resources.table(tid, set_aside.append)
     if table is None:
+        make = f"make one with `edgetrain profile run --device-id ID --model {entry.name}`"
+        if set_aside:
+            print(f"{set_aside[0].line()}; {make}", file=sys.stderr)
+            return ExitCode.not_found
         stored = [table_id(t.device_type or "?", t.model or "?", t.input_shape or []) for t in s.resources.tables()]
-        print(f"no table {tid!r} in Redis (stored: {stored}); make one with "
-              f"`edgetrain profile run --device-id ID --model {entry.name}`", file=sys.stderr)  # fmt: skip
+        print(f"no table {tid!r} in Redis (stored: {stored}); {make}", file=sys.stderr)
         return ExitCode.not_found
     cap = args.power_cap_w if args.power_cap_w is not None else table.power_cap_w
     if args.plot:

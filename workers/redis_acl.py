@@ -1,20 +1,31 @@
-"""Redis ACL users for an edgetrain deployment, one per role, as a Redis ACL file.
+"""Redis ACL users for an edgetrain deployment, one per role, as a Redis ACL file (Redis 7).
 
 - `worker`: the control, server and device workers (and operators' commands such as
   `edgetrain profile`): every key and channel, no administration command (CONFIG, ACL,
   SHUTDOWN, FLUSHALL, DEBUG, MODULE, KEYS, ...).
-- `submitter`: the client (`edgetrain submit`, `status`, `fleet`, `cap`, `EdgeTrainClient`): writes
-  job records (and which jobs wait on which device) and the power caps set on devices, reads the worker registry, and pushes
-  onto the `control` and `server` queues only (it cannot read or take
-  tasks from them, nor push onto a device's queue), reads the fleet, vectors, tables, failures,
-  pre-trained weights and task results.
-- `monitor`: Flower and dashboards: reads every key and follows the Celery events; it cannot
-  write, so it cannot control workers (Flower's shutdown, revoke and pool buttons need `worker`).
+- `submitter`: the client (`edgetrain submit`, `status`, `fleet`, `cap`, `EdgeTrainClient`):
+  writes job records (which jobs wait on which device, which no control worker took up yet)
+  and the power caps set on devices;
+  reads the fleet, the worker registry, vectors, tables, failures, pre-trained weights and
+  the store's identity (to tell a reset store), and the progress of proxy runs and profiles
+  (for `status`);
+  pushes onto the `control` and `server` queues only (it cannot read, take or count their
+  tasks beyond LLEN, nor push onto a device's queue: `tasks/contract.py: send` pushes without
+  declaring); reads and clears its task results.
+- `monitor`: Flower and dashboards: reads every key and follows the Celery events (the event
+  channels of each database, `/<db>.celeryev/*`, which kombu subscribes to by that literal
+  pattern, and its own event queue's binding). It has no remote-control channel
+  (`/<db>.celery.pidbox`) and no reply queue, so it cannot shut workers down, revoke tasks or
+  inspect workers: Flower shows workers and tasks from their events (`workers/flower.py`).
+- `replica` and `sentinel` (Redis Sentinel deployments only): a replica following the master
+  (PSYNC, REPLCONF), and the sentinels watching it and promoting a replica (the commands Redis's
+  Sentinel documentation lists).
 - `default`: off, so a connection without a user name and password gets nothing.
 
 The passwords are stored as SHA-256 hashes. Celery's own keys (queues, `_kombu.binding.*`,
 `unacked*`, `celery-task-meta-*`) do not carry edgetrain's key prefix; the prefix scopes only
-edgetrain's own keys.
+edgetrain's own keys. A channel permission allows both PUBLISH and SUBSCRIBE: a monitor can
+publish a forged event, which Flower would show (events are not signed).
 """
 
 from __future__ import annotations
@@ -24,7 +35,8 @@ from pathlib import Path
 
 from edgetrain.common.keys import DEFAULT_PREFIX
 
-ROLES = ("worker", "submitter", "monitor")
+ROLES = ("worker", "submitter", "monitor", "replica", "sentinel")
+REDIS_DATABASES = range(16)  # Redis's default `databases`: kombu's event channels are named after the database
 
 
 def role_rules(prefix: str = DEFAULT_PREFIX) -> dict[str, str]:
@@ -36,16 +48,21 @@ def role_rules(prefix: str = DEFAULT_PREFIX) -> dict[str, str]:
     return {
         "worker": f"~* &* {commands}",
         "submitter": " ".join([
-            f"~{p}:job:* ~{p}:jobs ~{p}:fleet:jobs:* ~{p}:fleet:cap:* %R~{p}:fleet:* %R~{p}:vector:* %R~{p}:table:* %R~{p}:failed:*",
-            f"%R~{p}:worker* %R~{p}:pretrained:*",
-            "%R~control* %W~control %R~server* %W~server ~_kombu.binding*.control ~_kombu.binding*.server",
-            "%R~celery-task-meta-* &celery-task-meta-* &/*.celeryev/*",
+            f"~{p}:job:* ~{p}:jobs %W~{p}:unplanned ~{p}:fleet:jobs:* ~{p}:fleet:cap:*",
+            f"%R~{p}:fleet:* %R~{p}:vector:* %R~{p}:table:* %R~{p}:failed:*",
+            f"%R~{p}:worker* %R~{p}:pretrained:* %R~{p}:store %R~{p}:vector-parts:* %R~{p}:vector-progress:* %R~{p}:profiling:*",
+            "%W~control %W~server",
+            "~celery-task-meta-* &celery-task-meta-*",
             commands,
         ]),
         "monitor": " ".join([
-            "%R~* ~_kombu.binding*.celeryev ~_kombu.binding*.reply.celery.pidbox ~_kombu.binding_deadlines",
-            f"~celeryev.* ~*.reply.celery.pidbox* &* {commands}",
+            "%R~* ~_kombu.binding*.celeryev ~_kombu.binding_deadlines ~celeryev.*",
+            *(f"&/{db}.celeryev/*" for db in REDIS_DATABASES),
+            commands,
         ]),
+        "replica": "-@all +psync +replconf +ping",
+        "sentinel": "&* -@all +multi +slaveof +ping +exec +subscribe +config|rewrite +role +publish +info +client|setname "
+                    "+client|kill +script|kill",
     }
 
 

@@ -8,7 +8,6 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -19,9 +18,10 @@ from .sources import (
     FASHION_MNIST_FILES,
     SOURCES,
     TORCHVISION,
+    DataFiles,
     DatasetMissingError,
     TorchvisionData,
-    locate,
+    dataset_files,
     user_path,
 )
 
@@ -45,14 +45,14 @@ def _digits(_ref: DatasetRef) -> ImageArrays:
 
 
 def _mnist5k(ref: DatasetRef) -> ImageArrays:
-    with gzip.open(locate("mnist5k", ref.path) / "mnist_5k.csv.gz", "rt") as f:
+    with (dataset_files("mnist5k", ref.path) / "mnist_5k.csv.gz").open() as raw, gzip.open(raw, "rt") as f:
         table = np.loadtxt(f, delimiter=",", dtype=np.float32)
     images = (table[:, :-1] / 255.0).reshape(-1, 1, 28, 28)
     return ImageArrays(images, table[:, -1].astype(np.int64), 10)
 
 
-def _read_idx(path: Path) -> np.ndarray:
-    with gzip.open(path, "rb") as f:
+def _read_idx(path: DataFiles) -> np.ndarray:
+    with path.open() as raw, gzip.open(raw, "rb") as f:
         data = f.read()
     ndim = data[3]
     shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
@@ -61,15 +61,15 @@ def _read_idx(path: Path) -> np.ndarray:
 
 def _fashion_mnist(ref: DatasetRef) -> ImageArrays:
     """Fashion-MNIST, train and test files joined (70,000 grey 28x28 images, 10 classes)."""
-    folder = locate("fashion_mnist", ref.path)
+    folder = dataset_files("fashion_mnist", ref.path)
     tr_x, tr_y, te_x, te_y = (_read_idx(folder / f) for f in FASHION_MNIST_FILES)
     return ImageArrays(np.concatenate([tr_x, te_x])[:, None], np.concatenate([tr_y, te_y]).astype(np.int64), 10)
 
 
 def _npz(ref: DatasetRef) -> ImageArrays:
     """A user's arrays: `.npz` with `x` (N, H, W) or (N, C, H, W) and `y` (N,) integer labels."""
-    path = user_path(ref, "a .npz file with x and y", Path.is_file)
-    with np.load(path) as arrays:
+    path = user_path(ref, "a .npz file with x and y", DataFiles.is_file)
+    with path.open() as f, np.load(f) as arrays:
         x, y = arrays["x"].astype(np.float32), arrays["y"].astype(np.int64)
     if x.ndim == 3:
         x = x[:, None]
@@ -81,51 +81,61 @@ def _npz(ref: DatasetRef) -> ImageArrays:
 GREY_MODES = {"1", "L", "I", "I;16", "F"}  # PIL modes read as one grey channel
 
 
-def _read_images(paths: list[str]) -> np.ndarray:
+def _read_images(paths: list[DataFiles]) -> np.ndarray:
     """Images as (N, C, H, W) uint8: grey (C=1) if every image is grey, else RGB (C=3);
     images of another size than the most common one are resized to it."""
     from PIL import Image
 
     headers = []
     for p in paths:
-        with Image.open(p) as im:
+        with p.open() as f, Image.open(f) as im:
             headers.append((im.mode, im.size))
     mode = "L" if all(m in GREY_MODES for m, _ in headers) else "RGB"
     size = Counter(s for _, s in headers).most_common(1)[0][0]
     pixels = []
     for p in paths:
-        with Image.open(p) as im:
+        with p.open() as f, Image.open(f) as im:
             pixels.append(np.asarray(im.convert(mode).resize(size, Image.Resampling.BILINEAR)))
     x = np.stack(pixels)
     return x[:, None] if mode == "L" else x.transpose(0, 3, 1, 2)
 
 
 def _imagefolder(ref: DatasetRef) -> ImageArrays:
-    """A user's images in torchvision's ImageFolder layout, root/<class>/<image>; class ids
-    follow the sorted class folder names."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+    """A user's images in torchvision's ImageFolder layout, root/<class>/<image>, read as
+    torchvision's ImageFolder finds them (files with an image extension, class folders by
+    name, their subfolders included); class ids follow the sorted class folder names."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
 
-    root = user_path(ref, "a folder root/<class>/<image>", Path.is_dir)
-    try:
-        classes, class_to_idx = find_classes(root)
-        samples = make_dataset(root, class_to_idx, extensions=IMG_EXTENSIONS)
-    except FileNotFoundError as exc:
-        raise DatasetMissingError(f"dataset 'imagefolder': {exc} (images with extensions {list(IMG_EXTENSIONS)})") from exc
+    root = user_path(ref, "a folder root/<class>/<image>", DataFiles.is_dir)
+    classes = [name for name, is_folder in root.entries() if is_folder]
+    samples = [
+        (folder / name, label)
+        for label, cls in enumerate(classes)
+        for folder, names in (root / cls).walk()
+        for name in names
+        if name.lower().endswith(IMG_EXTENSIONS)
+    ]
+    empty = sorted(set(classes) - {classes[label] for _, label in samples})
+    if not classes or empty:
+        where = f"no image in the class folders {empty}" if empty else f"no class folder in {root.path}"
+        raise DatasetMissingError(f"dataset 'imagefolder': {where} (images with extensions {list(IMG_EXTENSIONS)})")
     labels = np.array([label for _, label in samples], dtype=np.int64)
     return ImageArrays(_read_images([p for p, _ in samples]), labels, len(classes))
 
 
 def _torchvision_images(name: str, tv: TorchvisionData, ref: DatasetRef) -> ImageArrays:
-    """A torchvision dataset from local files, its splits joined (labels from torchvision)."""
+    """A torchvision dataset from local files, its splits joined (labels from torchvision); a
+    dataset.path is handed to torchvision as its files opened and checked beforehand."""
     import torchvision.datasets
 
-    root = locate(name, ref.path)
+    files = dataset_files(name, ref.path)
     cls = getattr(torchvision.datasets, tv.cls)
     try:
-        parts = [cls(str(root), download=False, **split) for split in tv.splits]
+        with files.pinned() as root:
+            parts = [cls(str(root), download=False, **split) for split in tv.splits]
     except RuntimeError as exc:
         how = SOURCES[name].how_to_get
-        raise DatasetMissingError(f"dataset {name!r}: files in {root} are incomplete or corrupted ({exc}); {how}") from exc
+        raise DatasetMissingError(f"dataset {name!r}: files in {files.path} are incomplete or corrupted ({exc}); {how}") from exc
     images = np.concatenate([p.data if p.data.shape[1] == 3 else p.data.transpose(0, 3, 1, 2) for p in parts])
     labels = np.concatenate([np.asarray(p.targets if hasattr(p, "targets") else p.labels, dtype=np.int64) for p in parts])
     return ImageArrays(images, labels, tv.num_classes)

@@ -1,20 +1,30 @@
 """Where each dataset's files are, how to tell they are complete, and how to get them.
 
 A dataset.path is read only inside the data roots (`EDGETRAIN_DATA_ROOTS`, default
-`EDGETRAIN_DATA_DIR`): relative to them, or absolute inside them, symbolic links resolved."""
+`EDGETRAIN_DATA_DIR`): relative to them, or absolute inside them, symbolic links resolved.
+Loaders read through `DataFiles`, which checks every file and folder of a dataset.path after
+opening it (security.open_inside), so a folder swapped for a link after the path was checked is
+refused rather than read."""
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
-from collections.abc import Callable
+import io
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..schemas import DatasetRef
-from ..security import data_path
+from ..security import RefusedError, data_path, open_inside, opened_path
 from ..settings import get_settings
+
+MAX_PINNED_FILES = 256  # files of a dataset.path handed to a library that opens them by name (torchvision)
 
 
 class DatasetMissingError(FileNotFoundError):
@@ -109,25 +119,124 @@ SOURCES: dict[str, Source] = {
 }
 
 
-def locate(name: str, path: str | None = None, data_dir: Path | None = None) -> Path:
-    """The folder holding dataset `name`: `path` if given, else the first complete one of its
-    usual places (data_dir defaults to settings.data_dir). DatasetMissingError says how to get it."""
+@dataclass(frozen=True)
+class DataFiles:
+    """A dataset's file or folder as its loader reads it. `roots`: the data roots when it is a
+    user's dataset.path, and then every file and folder opened is checked to lie in them after
+    it is opened; None for a place edgetrain chose (package data, the data folder)."""
+
+    path: Path
+    roots: tuple[Path, ...] | None = None
+
+    def __truediv__(self, name: str) -> DataFiles:
+        return DataFiles(self.path / name, self.roots)
+
+    def is_file(self) -> bool:
+        """Whether it names a file now (by name: what is read is checked when it is opened)."""
+        return self.path.is_file()
+
+    def is_dir(self) -> bool:
+        """Whether it names a folder now (by name: what is read is checked when it is opened)."""
+        return self.path.is_dir()
+
+    def open(self) -> IO[bytes]:
+        """The file, open for reading."""
+        return open(self.path, "rb") if self.roots is None else os.fdopen(open_inside(self.path, self.roots), "rb")
+
+    def read_bytes(self) -> bytes:
+        """The file's content."""
+        with self.open() as f:
+            return f.read()
+
+    def read_text(self) -> str:
+        """The file as UTF-8 text (undecodable bytes replaced, line ends as `open` reads them)."""
+        with self.open() as f:
+            return io.TextIOWrapper(f, encoding="utf-8", errors="replace").read()
+
+    def _open_folder(self) -> int:
+        return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY) if self.roots is None else open_inside(self.path, self.roots, folder=True)
+
+    def entries(self) -> list[tuple[str, bool]]:
+        """The folder's entries as (name, is a folder), by name."""
+        fd = self._open_folder()
+        try:
+            with os.scandir(fd) as found:
+                return sorted((e.name, e.is_dir()) for e in found)
+        finally:
+            os.close(fd)
+
+    def files(self, pattern: str = "*") -> list[DataFiles]:
+        """The files of the folder whose names match the glob `pattern`, by name."""
+        return [self / name for name, folder in self.entries() if not folder and fnmatch.fnmatchcase(name, pattern)]
+
+    def walk(self) -> list[tuple[DataFiles, list[str]]]:
+        """Every folder under this one (itself included, links to folders followed, each once)
+        with its file names, in the order of `sorted(os.walk(...))`."""
+        found, seen, todo = [], set(), [self]
+        while todo:
+            folder = todo.pop()
+            fd = folder._open_folder()
+            try:
+                real = opened_path(fd)
+            finally:
+                os.close(fd)
+            if real in seen:  # a link back to a folder already walked
+                continue
+            seen.add(real)
+            entries = folder.entries()
+            found.append((folder, [name for name, is_dir in entries if not is_dir]))
+            todo += [folder / name for name, is_dir in entries if is_dir]
+        return sorted(found, key=lambda item: str(item[0].path))
+
+    @contextmanager
+    def pinned(self) -> Iterator[Path]:
+        """The folder for a library that opens its files by name itself (torchvision): for a
+        dataset.path, a private folder of links to its files, each opened and checked before
+        (through /proc/self/fd, so a later swap changes nothing); at most MAX_PINNED_FILES."""
+        if self.roots is None:
+            yield self.path
+            return
+        with tempfile.TemporaryDirectory(prefix="edgetrain-data-") as tmp, ExitStack() as opened:
+            count = 0
+            for folder, names in self.walk():
+                copy = Path(tmp) / folder.path.relative_to(self.path)
+                copy.mkdir(parents=True, exist_ok=True)
+                for name in names:
+                    count += 1
+                    if count > MAX_PINNED_FILES:
+                        raise RefusedError(f"dataset.path: {str(self.path)!r} holds more than {MAX_PINNED_FILES} files")
+                    fd = open_inside(folder.path / name, self.roots)
+                    opened.callback(os.close, fd)
+                    (copy / name).symlink_to(f"/proc/self/fd/{fd}")
+            yield Path(tmp)
+
+
+def dataset_files(name: str, path: str | None = None, data_dir: Path | None = None) -> DataFiles:
+    """The folder holding dataset `name`: `path` if given (read inside the data roots), else the
+    first complete one of its usual places (data_dir defaults to settings.data_dir).
+    DatasetMissingError says how to get it."""
     source = SOURCES[name]
-    folders = [user_data(path)] if path else source.folders(data_dir or get_settings().data_dir)
-    for folder in folders:
-        if source.complete(folder):
-            return folder
-    raise DatasetMissingError(f"dataset {name!r}: not found in {[str(f) for f in folders]}; {source.how_to_get}")
+    places = [user_data(path)] if path else [DataFiles(f) for f in source.folders(data_dir or get_settings().data_dir)]
+    for place in places:
+        if source.complete(place.path):
+            return place
+    raise DatasetMissingError(f"dataset {name!r}: not found in {[str(p.path) for p in places]}; {source.how_to_get}")
 
 
-def user_data(path: str) -> Path:
+def locate(name: str, path: str | None = None, data_dir: Path | None = None) -> Path:
+    """The folder holding dataset `name` (see `dataset_files`)."""
+    return dataset_files(name, path, data_dir).path
+
+
+def user_data(path: str) -> DataFiles:
     """A dataset.path resolved inside the data roots; RefusedError when it leads out of them."""
-    return data_path(path, get_settings().readable_data_roots())
+    roots = tuple(get_settings().readable_data_roots())
+    return DataFiles(data_path(path, roots), roots)
 
 
-def user_path(ref: DatasetRef, expected: str, ok: Callable[[Path], bool]) -> Path:
+def user_path(ref: DatasetRef, expected: str, ok: Callable[[DataFiles], bool]) -> DataFiles:
     """The user's own data at ref.path (inside the data roots), checked with `ok`."""
-    path = user_data(ref.path) if ref.path else None
-    if path and ok(path):
-        return path
+    files = user_data(ref.path) if ref.path else None
+    if files and ok(files):
+        return files
     raise DatasetMissingError(f"dataset {ref.name!r}: path={ref.path!r} is not {expected}; set dataset.path to it")

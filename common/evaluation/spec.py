@@ -17,9 +17,9 @@ from pydantic import Field, PositiveFloat, field_validator, model_validator
 from ..datasets.registry import USER_DATA, dataset_task
 from ..devices.base import DeviceError
 from ..devices.simulated import load_twin
+from ..ids import Identifier
 from ..models import get_model, model_names
 from ..schemas import (
-    ID_PATTERN,
     PAPER_BATCH_SIZES,
     BatchSizes,
     DatasetRef,
@@ -70,7 +70,7 @@ class EvaluatedDevice(Strict):
     registered device (`device_id`), and the board power caps (W; null = no cap)."""
 
     twin: str | None = Field(None, min_length=1)
-    device_id: str | None = Field(None, pattern=ID_PATTERN)
+    device_id: Identifier | None = None
     power_caps_w: list[PositiveFloat | None] = Field(default_factory=lambda: [None], min_length=1)  # type: ignore[arg-type]
 
     @field_validator("twin")

@@ -2,12 +2,20 @@
 
     store = Store.connect("redis://localhost:6379/0")
     store.fleet        devices and their heartbeats            (FleetRegistry)
-    store.resources    lookup tables and relation vectors      (ResourceStore)
+    store.resources    lookup tables and relation vectors,     (ResourceStore)
+                       records that no longer load set aside
     store.coordination claims, once-only actions, waiters,     (Coordination)
                        failures, delivery attempts
     store.jobs         job records, parts, progress, events,   (JobStore)
                        checkpoints and attempts
     store.liveness     worker heartbeats, task leases          (Liveness)
+    store.identity     which store this is (id, creation time) (IdentityRegistry)
+    store.progress     running proxy runs and profiles         (ProgressStore)
+    store.ledger       sent tasks that must run, until they    (TaskLedger)
+                       have
+    store.monitoring   counters, bulk reads for metrics        (Monitoring)
+    store.learned      what completed fine-tunes measured,     (LearnedStore)
+                       by data, for later jobs' priors
 """
 
 from __future__ import annotations
@@ -15,40 +23,59 @@ from __future__ import annotations
 import redis
 
 from ..keys import DEFAULT_PREFIX, Keys
+from ..redis_health import RedisFacts, read_facts
 from .connection import connect
 from .coordination import Coordination, claim_token, token_job
 from .fleet import DeviceIdTaken, FleetRegistry
-from .jobs import JobNotFoundError, JobStore
-from .liveness import Lease, Liveness, WorkerInfo
-from .resources import ResourceStore
+from .identity import IdentityRegistry, StoreIdentity
+from .jobs import Applied, JobFinished, JobNotFoundError, JobStore, Written
+from .learned import LearnedStore
+from .ledger import SentTask, TaskLedger
+from .liveness import Lease, Liveness, LiveWorker, WorkerInfo
+from .monitoring import JobView, Monitoring
+from .progress import ProgressStore
+from .resources import ResourceStore, SetAside
 
 __all__ = [
-    "Coordination", "DeviceIdTaken", "FleetRegistry", "JobNotFoundError", "JobStore", "Lease", "Liveness",
-    "ResourceStore", "Store", "WorkerInfo", "claim_token", "connect", "token_job",
+    "Applied", "JobFinished", "Written",
+    "Coordination", "DeviceIdTaken", "FleetRegistry", "IdentityRegistry", "JobNotFoundError", "JobStore", "JobView", "LearnedStore",
+    "Lease",
+    "LiveWorker", "Liveness", "Monitoring", "ProgressStore", "ResourceStore", "SentTask", "SetAside", "Store", "StoreIdentity",
+    "TaskLedger", "WorkerInfo", "claim_token", "connect", "token_job",
 ]  # fmt: skip
 
 
 class Store:
-    """The four stores over one Redis connection and one key prefix."""
+    """The stores over one Redis connection and one key prefix."""
 
-    def __init__(self, client: redis.Redis, prefix: str = DEFAULT_PREFIX):
+    def __init__(self, client: redis.Redis, prefix: str = DEFAULT_PREFIX, job_retention_s: float | None = None):
         keys = Keys(prefix)
         self._redis, self.keys = client, keys
         self.fleet = FleetRegistry(client, keys)
         self.resources = ResourceStore(client, keys)
         self.coordination = Coordination(client, keys)
-        self.jobs = JobStore(client, keys)
+        self.jobs = JobStore(client, keys, job_retention_s)
         self.liveness = Liveness(client, keys)
+        self.identity = IdentityRegistry(client, keys)
+        self.progress = ProgressStore(client, keys)
+        self.ledger = TaskLedger(client, keys)
+        self.monitoring = Monitoring(client, keys)
+        self.learned = LearnedStore(client, keys)
 
     @classmethod
-    def connect(cls, url: str, prefix: str = DEFAULT_PREFIX, patient: bool = False) -> Store:
+    def connect(cls, url: str, prefix: str = DEFAULT_PREFIX, patient: bool = False, job_retention_s: float | None = None) -> Store:
         """A store on the Redis at `url` (redis://, rediss:// or unix://); a `patient` one
-        (worker processes) retries through outages of about 30 s."""
-        return cls(connect(url, patient), prefix)
+        (worker processes) retries through outages of about 30 s; finished jobs expire after
+        `job_retention_s` (s; None: kept)."""
+        return cls(connect(url, patient), prefix, job_retention_s)
 
     def ping(self) -> None:
         """Raise redis.ConnectionError when Redis cannot be reached."""
         self._redis.ping()
+
+    def redis_facts(self) -> RedisFacts:
+        """The Redis server's memory, eviction and persistence settings (common/redis_health.py)."""
+        return read_facts(self._redis)
 
     def lock(self, name: str, timeout_s: float) -> redis.lock.Lock:
         """A Redis lock on key `name` that expires after `timeout_s` (s)."""

@@ -4,11 +4,13 @@ actions done once, jobs waiting on a resource, failures, and delivery attempts o
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 import redis
+from pydantic import Field
 
 from ..keys import Keys
-from ..schemas import Strict
+from ..schemas import Strict, utc_now
 from .connection import text
 
 CLAIM_TTL_S = 6 * 3600
@@ -29,10 +31,11 @@ def token_job(owner: str) -> str:
 
 
 class ResourceFailure(Strict):
-    """Why producing a table or vector failed, for the jobs that were waiting on it."""
+    """Why producing a table or vector failed, for the jobs that were waiting on it, and when."""
 
     reason: str
     jobs: list[str]
+    at: datetime = Field(default_factory=utc_now)
 
     def for_job(self, job_id: str) -> str | None:
         """The reason, if `job_id` waited on the attempt that failed."""

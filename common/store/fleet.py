@@ -7,6 +7,7 @@ that stopped is known to have disappeared at that time."""
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime, timezone
 
 import redis
@@ -89,7 +90,8 @@ class FleetRegistry:
         live = self.devices_by_id(ids)
         gone = [i for i in ids if i not in live]
         if gone:
-            self._redis.srem(self._keys.fleet_ids(), *gone)
+            with contextlib.suppress(redis.exceptions.NoPermissionError):  # a reader (submitter, monitor) leaves it to the workers
+                self._redis.srem(self._keys.fleet_ids(), *gone)
         return [live[i] for i in ids if i in live]
 
     def last_seen(self, device_id: str) -> datetime | None:

@@ -1,43 +1,116 @@
-"""Job records: the spec as submitted, each device's part, progress and the event log."""
+"""Job records: the spec as submitted, each device's part, progress and the event log.
+
+A part changes only through `apply`, which runs common/part_events.py's `transition` in one
+Redis transaction with everything that follows from the change: the job's counts of parts per
+state, the device's index of unfinished jobs, the ledger of dispatched fine-tunes, the event
+log and, once every part is final, the job's `finished` event and its expiry. The attempt
+running a fine-tune writes its progress and checkpoint through `attempt_write`, fenced by its
+token: a write of an attempt that no longer holds the part is refused."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from enum import Enum
+from typing import TypeVar
 
 import redis
 from redis.client import Pipeline
 
+from ..ids import is_id
 from ..jobs import (
     TERMINAL,
-    AttemptLog,
     CheckpointRef,
     DevicePart,
     EventKind,
     FinetuneProgress,
     JobEvent,
     JobRecord,
+    JobState,
     JobStatus,
     JobSummary,
     PartState,
     job_state,
+    state_of_counts,
 )
 from ..keys import Keys
+from ..limits import MAX_EVENTS_KEPT
+from ..part_events import Change, PartEvent, transition
 from ..schemas import JobSpec, utc_now
-from .connection import texts
+from .connection import text, texts
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# KEYS: the part, the job's events, then keys to set; ARGV: the attempt's token, an event (JSON
+# or ""), then one value per key to set. Sets them only while the part is fine-tuning and held
+# by that attempt; answers "gone" (no part), "stale" (another attempt holds it, or none),
+# "cancel" (written; the job asks the attempt to stop) or "ok".
+_FENCED_WRITE = """
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 'gone' end
+local part = cjson.decode(raw)
+local attempt = part['attempt']
+if part['state'] ~= 'finetuning' or type(attempt) ~= 'table' or attempt['token'] ~= ARGV[1] then return 'stale' end
+for i = 3, #KEYS do redis.call('SET', KEYS[i], ARGV[i]) end
+if ARGV[2] ~= '' then
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+  redis.call('LTRIM', KEYS[2], -tonumber(ARGV[#ARGV]), -1)
+end
+if type(part['cancel_requested_at']) == 'string' then return 'cancel' end
+return 'ok'
+"""
+
+
+NOT_REACHED = "not_reached"  # a field of a job's counts: parts completed without reaching the target
+
+
+def _counts(raw: dict) -> tuple[dict[PartState, int], int]:
+    """A job's counts hash: parts per state, and parts completed without reaching the target."""
+    counts = {text(s): int(n) for s, n in raw.items()}
+    return {PartState(s): n for s, n in counts.items() if s != NOT_REACHED}, counts.get(NOT_REACHED, 0)
 
 
 class JobNotFoundError(KeyError):
     """No job has this id."""
 
 
-class JobStore:
-    """Jobs by id, each with one part per device."""
+class JobFinished(ValueError):
+    """The job has finished: there is nothing left to stop."""
 
-    def __init__(self, client: redis.Redis, keys: Keys):
-        self._redis, self._keys = client, keys
+
+class Written(str, Enum):
+    """What became of an attempt's write."""
+
+    ok = "ok"
+    cancel = "cancel"  # written; the job asks the attempt to stop
+    stale = "stale"  # refused: the attempt no longer holds the part
+    gone = "gone"  # refused: the part is not in the store (the job was deleted, or Redis lost it)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """A change `apply` made: the part before and after, and whether the job finished with it."""
+
+    before: DevicePart
+    change: Change
+    finished: JobState | None = None
+
+    @property
+    def part(self) -> DevicePart:
+        """The part as stored now."""
+        return self.change.part
+
+
+class JobStore:
+    """Jobs by id, each with one part per device. Finished jobs expire `retention_s` seconds
+    after they finish (None: kept until pruned)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, retention_s: float | None = None):
+        self._redis, self._keys, self.retention_s = client, keys, retention_s
+        self._fenced_write = client.register_script(_FENCED_WRITE)
 
     def _transaction(self, key: str, apply: Callable[[Pipeline], T]) -> T:
         """`apply`'s value, its writes (queued after `multi()`) made only if `key` did not change
@@ -63,10 +136,26 @@ class JobStore:
                 p.set(self._keys.part(job_id, d.device_id), part.model_dump_json())
             for d in spec.devices:
                 p.sadd(self._keys.device_jobs(d.device_id), job_id)
+            p.hset(self._keys.job_states(job_id), PartState.pending.value, len(spec.devices))
             p.zadd(self._keys.jobs(), {job_id: record.created_at.timestamp()})
+            p.zadd(self._keys.unplanned(), {job_id: record.created_at.timestamp()})
             p.rpush(self._keys.events(job_id), event.model_dump_json())
             p.execute()
         return record
+
+    def planned(self, job_id: str) -> None:
+        """The control worker took the job up (its first step ran)."""
+        self._redis.zrem(self._keys.unplanned(), job_id)
+
+    def unplanned(self, before_s: float, limit: int) -> list[str]:
+        """Up to `limit` jobs submitted before `before_s` (s) that no control worker took up yet
+        (the message that was to start them is lost, or no control worker runs)."""
+        return texts(self._redis.zrangebyscore(self._keys.unplanned(), "-inf", before_s, start=0, num=limit))
+
+    def remind(self, job_ids: list[str], at_s: float) -> None:
+        """The jobs were sent their first step again at `at_s` (s)."""
+        if job_ids:
+            self._redis.zadd(self._keys.unplanned(), dict.fromkeys(job_ids, at_s), xx=True)
 
     def record(self, job_id: str) -> JobRecord | None:
         """The job's record (spec and submission time), None for an unknown id."""
@@ -88,30 +177,104 @@ class JobStore:
             raise JobNotFoundError(f"job {job_id} has no device {missing[0]}")
         return [DevicePart.model_validate_json(raw) for raw in raws if raw is not None]
 
-    def update_part(
-        self, job_id: str, device_id: str, changes: dict[str, Any], expect: PartState | None = None
-    ) -> DevicePart | None:
-        """Apply `changes` to a part atomically (compare and set), if it is still in state
-        `expect` (any state when None); returns the part as stored, or None when it had moved
-        on (another process changed its state first)."""
+    def apply(self, job_id: str, device_id: str, event: PartEvent) -> Applied:
+        """Apply `event` to the part of `device_id` (common/part_events.py decides the change) in
+        one transaction; part_events.Refused when it does not apply, JobNotFoundError when
+        there is no such part."""
         key = self._keys.part(job_id, device_id)
 
-        def apply(p: Pipeline) -> DevicePart | None:
+        def run(p: Pipeline) -> tuple[DevicePart, Change]:
             raw = p.get(key)
             if raw is None:
                 raise JobNotFoundError(f"job {job_id} has no device {device_id}")
-            part = DevicePart.model_validate_json(raw)
-            if expect is not None and part.state != expect:
+            before = DevicePart.model_validate_json(raw)
+            change = transition(before, event, utc_now())
+            if change.part == before:
                 p.unwatch()
-                return None
-            part = part.model_copy(update=changes | {"updated_at": utc_now()})
+                return before, change
             p.multi()
-            p.set(key, part.model_dump_json())
-            if part.state in TERMINAL:
-                p.srem(self._keys.device_jobs(device_id), job_id)
-            return part
+            self._write(p, job_id, before, change)
+            return before, change
 
-        return self._transaction(key, apply)
+        before, change = self._transaction(key, run)
+        if change.part.state == PartState.failed and before.state != PartState.failed:  # every failure passes here
+            logger.warning("job %s, %s failed: %s", job_id, device_id, change.part.reason)
+        finished = self._finished(job_id) if change.part.state in TERMINAL and before.state not in TERMINAL else None
+        return Applied(before, change, finished)
+
+    def _write(self, p: Pipeline, job_id: str, before: DevicePart, change: Change) -> None:
+        """Queue the writes of `change` (inside the part's transaction)."""
+        after, device_id, k = change.part, before.device_id, self._keys
+        p.set(k.part(job_id, device_id), after.model_dump_json())
+        if after.state != before.state:
+            p.hincrby(k.job_states(job_id), before.state.value, -1)
+            p.hincrby(k.job_states(job_id), after.state.value, 1)
+            if after.report is not None and not after.report.reached:
+                p.hincrby(k.job_states(job_id), NOT_REACHED, 1)
+        member = f"{job_id}/{device_id}"
+        if after.state in TERMINAL:
+            p.srem(k.device_jobs(device_id), job_id)
+            p.zrem(k.dispatched(), member)
+        elif before.state in TERMINAL:  # planned again
+            p.sadd(k.device_jobs(device_id), job_id)
+            p.delete(k.once(f"finished:{job_id}"))
+            self._persist(p, job_id)
+        if after.dispatch is not None and (before.dispatch is None or before.dispatch.token != after.dispatch.token):
+            p.zadd(k.dispatched(), {member: after.updated_at.timestamp()})
+        elif after.dispatch is None and before.dispatch is not None:
+            p.zrem(k.dispatched(), member)
+        if change.message is not None and change.kind is not None:
+            self._log(p, job_id, JobEvent(kind=change.kind, device_id=device_id, message=change.message, at=after.updated_at))
+
+    def _log(self, p: Pipeline, job_id: str, event: JobEvent) -> None:
+        p.rpush(self._keys.events(job_id), event.model_dump_json())
+        p.ltrim(self._keys.events(job_id), -MAX_EVENTS_KEPT, -1)
+
+    def _finished(self, job_id: str) -> JobState | None:
+        """The job's state if no part of it is left to finish (its `finished` event is logged and
+        its keys set to expire, once per finish), else None."""
+        counts = self.states(job_id)
+        if any(n > 0 for s, n in counts.items() if s not in TERMINAL):
+            return None
+        if not self._redis.set(self._keys.once(f"finished:{job_id}"), "1", nx=True):
+            return None
+        state = state_of_counts(counts)
+        with self._redis.pipeline() as p:
+            self._log(p, job_id, JobEvent(kind=EventKind.finished, message=f"finished: {state.value}"))
+            if self.retention_s is not None:
+                for key in self._job_keys(job_id):
+                    p.expire(key, int(self.retention_s))
+            p.execute()
+        return state
+
+    def _job_keys(self, job_id: str) -> list[str]:
+        """Every key of a job: its record, parts, progress, checkpoints, events and counts."""
+        record = self.record(job_id)
+        devices = [d.device_id for d in record.spec.devices] if record else []
+        k = self._keys
+        per_device = [key for d in devices for key in (k.part(job_id, d), k.progress(job_id, d), k.checkpoint(job_id, d))]
+        return [k.job(job_id), k.events(job_id), k.job_states(job_id), k.once(f"finished:{job_id}"), *per_device]
+
+    def _persist(self, p: Pipeline, job_id: str) -> None:
+        for key in self._job_keys(job_id):
+            p.persist(key)
+
+    def states(self, job_id: str) -> dict[PartState, int]:
+        """How many of the job's parts are in each state (one round trip)."""
+        return _counts(self._redis.hgetall(self._keys.job_states(job_id)))[0]
+
+    def attempt_write(
+        self, job_id: str, device_id: str, attempt: str, progress: FinetuneProgress | None = None,
+        checkpoint: CheckpointRef | None = None, event: tuple[EventKind, str] | None = None,
+    ) -> Written:  # fmt: skip
+        """Write what a running attempt measured (its progress, its checkpoint, an event for the
+        log), only while it holds the part (see `Written`)."""
+        k = self._keys
+        sets = [(k.progress(job_id, device_id), progress), (k.checkpoint(job_id, device_id), checkpoint)]
+        keys = [k.part(job_id, device_id), k.events(job_id)] + [key for key, value in sets if value is not None]
+        logged = JobEvent(kind=event[0], device_id=device_id, message=event[1]).model_dump_json() if event else ""
+        args = [attempt, logged] + [value.model_dump_json() for _, value in sets if value is not None] + [MAX_EVENTS_KEPT]
+        return Written(text(self._fenced_write(keys=keys, args=args)))
 
     def device_jobs(self, device_id: str) -> list[str]:
         """Jobs with an unfinished part on `device_id`."""
@@ -122,36 +285,32 @@ class JobStore:
         raw = self._redis.get(self._keys.progress(job_id, device_id))
         return FinetuneProgress.model_validate_json(raw) if raw else None
 
-    def set_checkpoint(self, job_id: str, device_id: str, checkpoint: CheckpointRef) -> None:
-        """Record where a fine-tune's latest checkpoint is."""
-        self._redis.set(self._keys.checkpoint(job_id, device_id), checkpoint.model_dump_json())
-
     def checkpoint(self, job_id: str, device_id: str) -> CheckpointRef | None:
         """A fine-tune's latest checkpoint, if it saved one."""
         raw = self._redis.get(self._keys.checkpoint(job_id, device_id))
         return CheckpointRef.model_validate_json(raw) if raw else None
 
-    def set_attempt_log(self, job_id: str, device_id: str, log: AttemptLog) -> None:
-        """Record a fine-tune's attempts and what the lost ones cost."""
-        self._redis.set(self._keys.attempt_log(job_id, device_id), log.model_dump_json())
-
-    def attempt_log(self, job_id: str, device_id: str) -> AttemptLog:
-        """A fine-tune's attempts so far (none yet: an empty log)."""
-        raw = self._redis.get(self._keys.attempt_log(job_id, device_id))
-        return AttemptLog.model_validate_json(raw) if raw else AttemptLog()
-
-    def set_progress(self, job_id: str, device_id: str, progress: FinetuneProgress) -> None:
-        """Record a running fine-tune's latest evaluation."""
-        self._redis.set(self._keys.progress(job_id, device_id), progress.model_dump_json())
-
     def event(self, job_id: str, kind: EventKind, message: str, device_id: str | None = None) -> None:
-        """Append an event to the job's log."""
-        event = JobEvent(kind=kind, device_id=device_id, message=message)
-        self._redis.rpush(self._keys.events(job_id), event.model_dump_json())
+        """Append an event that changes no part (a dispatch to the server pool, a table not
+        reused) to the job's log."""
+        with self._redis.pipeline() as p:
+            self._log(p, job_id, JobEvent(kind=kind, device_id=device_id, message=message))
+            p.execute()
 
     def job_ids(self) -> list[str]:
         """Every job id, oldest first."""
         return texts(self._redis.zrange(self._keys.jobs(), 0, -1))
+
+    def dispatched_since(self, before_s: float, limit: int) -> list[tuple[str, str]]:
+        """(job, device) of up to `limit` dispatched fine-tunes whose task was last seen before
+        `before_s` (s since the epoch), oldest first."""
+        members = texts(self._redis.zrangebyscore(self._keys.dispatched(), "-inf", before_s, start=0, num=limit))
+        return [(m.split("/", 1)[0], m.split("/", 1)[1]) for m in members]
+
+    def seen_dispatched(self, parts: list[tuple[str, str]], at_s: float) -> None:
+        """A task was seen for these dispatched fine-tunes at `at_s` (only those still listed)."""
+        if parts:
+            self._redis.zadd(self._keys.dispatched(), {f"{j}/{d}": at_s for j, d in parts}, xx=True)
 
     def status(self, job_id: str) -> JobStatus:
         """The job's record, parts, progress and events, in two round trips whatever its size."""
@@ -164,7 +323,7 @@ class JobStore:
             p.mget([self._keys.progress(job_id, d) for d in ids])
             p.lrange(self._keys.events(job_id), 0, -1)
             raw_parts, raw_progress, raw_events = p.execute()
-        parts = {d: DevicePart.model_validate_json(raw) for d, raw in zip(ids, raw_parts)}
+        parts = {d: DevicePart.model_validate_json(raw) for d, raw in zip(ids, raw_parts) if raw}
         return JobStatus(
             job_id=job_id,
             state=job_state(list(parts.values())),
@@ -177,44 +336,33 @@ class JobStore:
         )
 
     def summaries(self, limit: int = 100) -> list[JobSummary]:
-        """The newest `limit` jobs, newest first, with their state (two round trips)."""
-        ids = texts(self._redis.zrevrange(self._keys.jobs(), 0, limit - 1))
-        records = [JobRecord.model_validate_json(raw) for raw in self._redis.mget([self._keys.job(j) for j in ids]) if raw] if ids else []
+        """The newest `limit` jobs, newest first, with their state (two round trips); jobs whose
+        record expired are dropped from the list."""
+        ids = [j for j in texts(self._redis.zrevrange(self._keys.jobs(), 0, limit - 1)) if is_id(j)]  # a member written past the client
         with self._redis.pipeline(transaction=False) as p:
-            for record in records:
-                p.mget([self._keys.part(record.job_id, d.device_id) for d in record.spec.devices])
-            all_parts = p.execute()
-        return [
-            JobSummary(
-                job_id=record.job_id,
-                state=job_state([DevicePart.model_validate_json(raw) for raw in raws if raw]),
-                model=record.spec.model,
-                devices=len(record.spec.devices),
-                created_at=record.created_at,
-            )
-            for record, raws in zip(records, all_parts)
-        ]
-
-    def requeue(self, job_id: str, device_id: str, state: PartState) -> DevicePart | None:
-        """Put a part that ended in `state` back to pending, to be planned again."""
-        changes = {
-            "state": PartState.pending, "reason": None, "waiting": None, "selection": None, "baseline1": None,
-            "estimated_time_to_accuracy_s": None, "baseline1_estimated_time_to_accuracy_s": None, "report": None,
-        }  # fmt: skip
-        part = self.update_part(job_id, device_id, changes, state)
-        if part is not None:
-            self._redis.sadd(self._keys.device_jobs(device_id), job_id)
-            self.event(job_id, EventKind.requeued, "re-queued", device_id)
-        return part
-
-    def cancelled(self, job_id: str) -> bool:
-        """Whether cancelling the job was asked for."""
-        record = self.record(job_id)
-        return record is not None and record.cancelled_at is not None
+            for job_id in ids:
+                p.get(self._keys.job(job_id))
+                p.hgetall(self._keys.job_states(job_id))
+            raws = p.execute()
+        gone = [j for j, raw in zip(ids, raws[::2]) if raw is None]
+        if gone:
+            self._redis.zrem(self._keys.jobs(), *gone)
+        summaries = []
+        for raw, counts in zip(raws[::2], raws[1::2]):
+            if raw is None:
+                continue
+            record = JobRecord.model_validate_json(raw)
+            states, not_reached = _counts(counts)
+            summaries.append(JobSummary(
+                job_id=record.job_id, state=state_of_counts(states), model=record.spec.model, devices=len(record.spec.devices),
+                created_at=record.created_at, not_reached=not_reached,
+            ))  # fmt: skip
+        return summaries
 
     def cancel(self, job_id: str) -> JobRecord:
-        """Ask for the job to stop: nothing more of it is dispatched, running fine-tunes stop
-        at their next step. Returns the record (unchanged when it was cancelled already)."""
+        """Record that cancelling the job was asked for (the planner then stops each part).
+        Returns the record (unchanged when it was cancelled already); JobFinished, changing
+        nothing, when every part has finished."""
         key = self._keys.job(job_id)
 
         def apply(p: Pipeline) -> JobRecord:
@@ -222,13 +370,34 @@ class JobStore:
             if raw is None:
                 raise JobNotFoundError(f"no job {job_id!r}")
             record = JobRecord.model_validate_json(raw)
+            counts = _counts(p.hgetall(self._keys.job_states(job_id)))[0]
+            if not any(n > 0 for s, n in counts.items() if s not in TERMINAL):
+                p.unwatch()
+                raise JobFinished(f"job {job_id} has already finished ({state_of_counts(counts).value}): nothing to cancel")
             if record.cancelled_at is not None:
                 p.unwatch()
                 return record
             record = record.model_copy(update={"cancelled_at": utc_now()})
             p.multi()
             p.set(key, record.model_dump_json())
-            p.rpush(self._keys.events(job_id), JobEvent(kind=EventKind.cancelled, message="cancel requested").model_dump_json())
+            self._log(p, job_id, JobEvent(kind=EventKind.cancelled, message="cancel requested"))
             return record
 
         return self._transaction(key, apply)
+
+    def prune(self, older_than_s: float) -> list[str]:
+        """Delete the finished jobs submitted more than `older_than_s` seconds ago; returns
+        their ids."""
+        cutoff = utc_now().timestamp() - older_than_s
+        pruned = []
+        for job_id in texts(self._redis.zrangebyscore(self._keys.jobs(), "-inf", cutoff)):
+            counts = self.states(job_id)
+            if any(n > 0 for s, n in counts.items() if s not in TERMINAL):
+                continue
+            keys = self._job_keys(job_id)
+            with self._redis.pipeline() as p:
+                p.delete(*keys)
+                p.zrem(self._keys.jobs(), job_id)
+                p.execute()
+            pruned.append(job_id)
+        return pruned

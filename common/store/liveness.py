@@ -8,11 +8,14 @@ reaper then hands the task on (see tasks/reaper.py)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import time
+from datetime import datetime, timezone
+from typing import cast
 
 import redis
 from pydantic import Field
 
+from ..host_checks import Finding
 from ..keys import Keys
 from ..schemas import Strict, utc_now
 from .connection import texts
@@ -27,6 +30,15 @@ class WorkerInfo(Strict):
     hostname: str
     pid: int
     started_at: datetime = Field(default_factory=utc_now)
+    clock_s: float | None = Field(None, description="the worker's own clock as it read Redis's TIME for its last heartbeat (s)")
+    clock_error_s: float = Field(0.0, description="how far off clock_s may be: half the round trip of that TIME (s)")
+    findings: list[Finding] = Field(default_factory=list, description="what the worker found wrong on its host at start")
+
+
+class LiveWorker(WorkerInfo):
+    """A worker in the registry, with when it was last heard from."""
+
+    heartbeat_at: datetime = Field(description="its last heartbeat (Redis server time)")
 
 
 class Lease(Strict):
@@ -34,6 +46,7 @@ class Lease(Strict):
 
     task_id: str
     task: str
+    attempt: str = Field("", description="the token of this run of the task: it fences the run's writes")
     node: str = Field(description="the worker node running it")
     queue: str | None = None
     job_id: str | None = None
@@ -42,11 +55,35 @@ class Lease(Strict):
     started_at: datetime = Field(default_factory=utc_now)
 
 
+# KEYS: the leases zset, then one lease key per task; ARGV: the time, then one attempt token
+# per task, then the action ("renew" or "release"). Acts on a lease only while that attempt
+# holds it (a newer run of the task may hold it now); answers how many it acted on.
+_HELD_LEASES = """
+local acted = 0
+local action = ARGV[#ARGV]
+for i = 2, #KEYS do
+  local raw = redis.call('GET', KEYS[i])
+  if raw and cjson.decode(raw)['attempt'] == ARGV[i] then
+    local task_id = string.sub(KEYS[i], #ARGV[1] + 1)
+    if action == 'renew' then
+      redis.call('ZADD', KEYS[1], 'XX', ARGV[1 + #KEYS], task_id)
+    else
+      redis.call('ZREM', KEYS[1], task_id)
+      redis.call('DEL', KEYS[i])
+    end
+    acted = acted + 1
+  end
+end
+return acted
+"""
+
+
 class Liveness:
     """Worker heartbeats and task leases, timed by the Redis server's clock (s)."""
 
     def __init__(self, client: redis.Redis, keys: Keys):
         self._redis, self._keys = client, keys
+        self._held_leases = client.register_script(_HELD_LEASES)
 
     def now(self) -> float:
         """The Redis server's time (s since the epoch)."""
@@ -56,12 +93,21 @@ class Liveness:
     # ------------------------------------------------------------------ workers
 
     def heartbeat(self, info: WorkerInfo) -> None:
-        """Announce (or keep announcing) a worker."""
+        """Announce (or keep announcing) a worker, with its own clock read as Redis's was, so
+        that the two can be compared (`edgetrain doctor`: clock skew)."""
+        before = time.time()
         now = self.now()
+        after = time.time()
+        info = info.model_copy(update={"clock_s": (before + after) / 2, "clock_error_s": (after - before) / 2})
         with self._redis.pipeline() as p:
             p.set(self._keys.worker(info.node), info.model_dump_json())
             p.zadd(self._keys.workers(), {info.node: now})
             p.execute()
+
+    def heard_at(self, nodes: list[str]) -> dict[str, float]:
+        """The Redis time (s) of each node's last heartbeat."""
+        scores = self._redis.zmscore(self._keys.workers(), nodes) if nodes else []
+        return {n: float(s) for n, s in zip(nodes, scores) if s is not None}
 
     def remove_worker(self, node: str) -> None:
         """Take a worker out of the registry (it is stopping cleanly)."""
@@ -70,11 +116,25 @@ class Liveness:
             p.zrem(self._keys.workers(), node)
             p.execute()
 
-    def workers(self, ttl_s: float) -> list[WorkerInfo]:
-        """Workers heard from within `ttl_s` seconds, by node name."""
-        nodes = sorted(texts(self._redis.zrangebyscore(self._keys.workers(), self.now() - ttl_s, "+inf")))
+    def workers(self, ttl_s: float) -> list[LiveWorker]:
+        """Workers heard from within `ttl_s` seconds, by node name, with their last heartbeat."""
+        scored = self._redis.zrangebyscore(self._keys.workers(), self.now() - ttl_s, "+inf", withscores=True)
+        seen = {str(node): float(at) for node, at in cast("list[tuple[str, float]]", scored)}
+        nodes = sorted(seen)
         raws = self._redis.mget([self._keys.worker(n) for n in nodes]) if nodes else []
-        return [WorkerInfo.model_validate_json(raw) for raw in raws if raw]
+        return [
+            LiveWorker(**WorkerInfo.model_validate_json(raw).model_dump(), heartbeat_at=datetime.fromtimestamp(seen[n], timezone.utc))
+            for n, raw in zip(nodes, raws) if raw
+        ]  # fmt: skip
+
+    def request_stop(self, instance: str, ttl_s: float = 3600) -> None:
+        """The worker `instance` (node:pid of its main process) is shutting down: the
+        fine-tunes it runs checkpoint and stop."""
+        self._redis.set(self._keys.stopping(instance), "1", ex=int(ttl_s))
+
+    def stop_requested(self, instance: str) -> bool:
+        """Whether the worker `instance` (node:pid of its main process) is shutting down."""
+        return bool(self._redis.exists(self._keys.stopping(instance)))
 
     def consumers(self, queue: str, ttl_s: float) -> list[WorkerInfo]:
         """Live workers that consume `queue`."""
@@ -90,17 +150,22 @@ class Liveness:
             p.zadd(self._keys.leases(), {lease.task_id: now})
             p.execute()
 
-    def renew(self, task_ids: list[str]) -> None:
-        """Renew the leases of tasks this process still runs (ones already released stay so)."""
-        if task_ids:
-            self._redis.zadd(self._keys.leases(), {t: self.now() for t in task_ids}, xx=True)
+    def _held(self, attempts: dict[str, str], action: str) -> int:
+        if not attempts:
+            return 0
+        prefix = self._keys.lease("")
+        keys = [self._keys.leases(), *(self._keys.lease(t) for t in attempts)]
+        return int(self._held_leases(keys=keys, args=[prefix, *attempts.values(), self.now(), action]))
 
-    def release(self, task_id: str) -> None:
-        """The task finished (whatever its outcome): forget its lease."""
-        with self._redis.pipeline() as p:
-            p.zrem(self._keys.leases(), task_id)
-            p.delete(self._keys.lease(task_id))
-            p.execute()
+    def renew(self, attempts: dict[str, str]) -> None:
+        """Renew the leases of the tasks this process runs (task id -> its run's attempt token),
+        those its runs still hold (one released, or taken by a newer run, stays so)."""
+        self._held(attempts, "renew")
+
+    def release(self, task_id: str, attempt: str) -> bool:
+        """The run `attempt` of the task finished (whatever its outcome): forget its lease,
+        unless a newer run holds it; True when released."""
+        return bool(self._held({task_id: attempt}, "release"))
 
     def lease(self, task_id: str) -> Lease | None:
         """The lease of a running task, if it holds one."""
@@ -119,10 +184,28 @@ class Liveness:
         raws = self._redis.mget([self._keys.lease(t) for t in ids]) if ids else []
         return [Lease.model_validate_json(raw) for raw in raws if raw]
 
-    def reap(self, task_id: str) -> bool:
-        """Take an expired lease away; True for exactly one caller, which must hand the task on."""
+    def reap(self, lease: Lease) -> bool:
+        """Take an expired lease away, unless a new run of its task holds it now; True for
+        exactly one caller."""
+        key = self._keys.lease(lease.task_id)
         with self._redis.pipeline() as p:
-            p.zrem(self._keys.leases(), task_id)
-            p.delete(self._keys.lease(task_id))
-            removed, _ = p.execute()
+            try:
+                p.watch(key)
+                raw = p.get(key)
+                if raw is None or Lease.model_validate_json(raw).attempt != lease.attempt:
+                    p.unwatch()
+                    return False
+                p.multi()
+                p.zrem(self._keys.leases(), lease.task_id)
+                p.delete(key)
+                removed, _ = p.execute()
+            except redis.WatchError:
+                return False
         return bool(removed)
+
+    def held(self, task_ids: list[str]) -> set[str]:
+        """Those of `task_ids` whose lease is held now (renewed or not)."""
+        if not task_ids:
+            return set()
+        scores = self._redis.zmscore(self._keys.leases(), task_ids)
+        return {t for t, score in zip(task_ids, scores) if score is not None}

@@ -17,6 +17,7 @@ class QueuedTask:
 
     name: str
     args: list[Any]
+    id: str = ""
 
     @property
     def payload(self) -> Any:
@@ -30,5 +31,5 @@ def queued_tasks(client: redis.Redis, queue: str) -> list[QueuedTask]:
     for raw in reversed(client.lrange(queue, 0, -1)):  # kombu pushes to the head, pops from the tail
         message = json.loads(raw)
         args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-        tasks.append(QueuedTask(message["headers"]["task"], args))
+        tasks.append(QueuedTask(message["headers"]["task"], args, message["headers"]["id"]))
     return tasks

@@ -220,7 +220,7 @@ def test_a_fixed_configuration_must_name_one_of_the_jobs_batch_sizes() -> None:
 )  # fmt: skip
 def test_the_job_objective_chooses_the_strategy(objective, strategy) -> None:
     job = spec(**({} if objective is None else {"objective": objective}))
-    chosen = strategy_for(job, job.devices[0], vector())
+    chosen = strategy_for(job.objective, job.devices[0], vector())
     assert type(chosen) is strategy
     if strategy is ZeusCost:
         assert chosen.eta == 0.3

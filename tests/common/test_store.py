@@ -2,11 +2,29 @@ import time
 
 import pytest
 
+from edgetrain.common.control_axis import ControlAxis
 from edgetrain.common.jobs import EventKind, FinetuneProgress, JobState, PartState
 from edgetrain.common.keys import table_id
+from edgetrain.common.part_events import (
+    AttemptFailed,
+    AttemptFinished,
+    AttemptLost,
+    AttemptStarted,
+    CancelRequested,
+    Dispatched,
+    Failed,
+    Identified,
+    Refused,
+    Requeued,
+    request_digest,
+)
+from edgetrain.common.payloads import finetune_request
 from edgetrain.common.presets import quick_job
-from edgetrain.common.schemas import DeviceInfo, JobSpec, ProfileTable, RelationVector, TrainingOutcome
-from edgetrain.common.store import DeviceIdTaken, JobNotFoundError, Lease, Store, WorkerInfo
+from edgetrain.common.schemas import DeviceInfo, JobSpec, ProfileTable, RelationVector, RunReport, Selection, TrainingOutcome
+from edgetrain.common.store import DeviceIdTaken, JobFinished, JobNotFoundError, Lease, Store, WorkerInfo, Written
+
+CHOICE = Selection(batch_size=16, frequency_hz=900, estimated_time_s=1.0, peak_power_w=4.0)
+IDENTITY = Identified(device_type="twin", simulated=True, control=ControlAxis.GPU_CLOCK_HZ)
 
 
 def info(device_id: str) -> DeviceInfo:
@@ -73,12 +91,12 @@ def test_job_record_status_progress_and_structured_events(store) -> None:
     assert status.state == JobState.queued and not status.finished
     assert set(status.parts) == {"nano-1", "tx2nx-1"}
     assert [e.kind for e in status.events] == [EventKind.submitted]
+    start_attempt(store, "j1", "nano-1", "a1")
     progress = FinetuneProgress(samples=10, accuracy=0.5, device_time_s=1.0, energy_j=2.0, target_accuracy=0.85, max_samples=100)
-    store.jobs.set_progress("j1", "nano-1", progress)
-    store.jobs.event("j1", EventKind.failed, "failed: broken", "nano-1")
+    assert store.jobs.attempt_write("j1", "nano-1", "a1", progress=progress, event=(EventKind.reconfigured, "b=16 -> b=32")) == Written.ok
     status = store.jobs.status("j1")
-    assert status.progress == {"nano-1": progress}
-    assert status.events[-1].kind == EventKind.failed and status.events[-1].device_id == "nano-1"
+    assert status.progress == {"nano-1": progress} and status.state == JobState.running
+    assert status.events[-1].kind == EventKind.reconfigured and status.events[-1].device_id == "nano-1"
     assert store.jobs.job_ids() == ["j1"]
     with pytest.raises(JobNotFoundError):
         store.jobs.status("missing")
@@ -117,13 +135,16 @@ def test_the_last_heartbeat_of_a_device_is_kept(store) -> None:
 
 def test_leases_expire_unless_renewed_and_are_reaped_once(store) -> None:
     live = store.liveness
-    live.take(Lease(task_id="t1", task="edgetrain.finetune", node="device-a@h", job_id="j1", device_id="a"))
-    live.take(Lease(task_id="t2", task="edgetrain.train_proxy", node="server-0@h"))
+    live.take(Lease(task_id="t1", task="edgetrain.finetune", attempt="a1", node="device-a@h", job_id="j1", device_id="a"))
+    live.take(Lease(task_id="t2", task="edgetrain.train_proxy", attempt="a2", node="server-0@h"))
     time.sleep(1.1)
-    live.renew(["t2", "t-released"])  # a released lease is not brought back
+    live.renew({"t2": "a2", "t-released": "x", "t1": "an-older-run"})  # a released lease is not brought back, nor another run's
     assert [lease.task_id for lease in live.expired(1.0)] == ["t1"]
-    assert live.reap("t1") and not live.reap("t1")
-    live.release("t2")
+    lost = live.lease("t1")
+    live.take(lost.model_copy(update={"attempt": "newer"}))  # a new run of the task holds it now
+    assert not live.reap(lost)
+    assert live.reap(live.lease("t1")) and not live.reap(lost)
+    assert not live.release("t2", "an-older-run") and live.release("t2", "a2")
     assert live.expired(0.0) == [] and live.lease("t2") is None
 
 
@@ -138,11 +159,81 @@ def test_the_worker_registry_lists_live_consumers_of_a_queue(store) -> None:
     assert [w.node for w in live.workers(ttl_s=30)] == ["server-0@h"]
 
 
-def test_a_part_changes_only_from_the_state_it_was_read_in(store) -> None:
+def start_attempt(store, job_id: str, device_id: str, attempt: str, token: str = "t1") -> None:
+    spec = store.jobs.record(job_id).spec
+    target = next(t for t in spec.devices if t.device_id == device_id)
+    request = finetune_request(job_id, spec, target, CHOICE, "twin:smallcnn:1x28x28", "vkey")
+    store.jobs.apply(job_id, device_id, Dispatched(device=IDENTITY, token=token, request=request, selection=CHOICE,
+                                                   estimated_time_to_accuracy_s=1.0))  # fmt: skip
+    store.jobs.apply(job_id, device_id, AttemptStarted(dispatch=token, digest=request_digest(request), attempt=attempt, node="n"))
+
+
+def finished_report(device_id: str) -> RunReport:
+    return RunReport(device_id=device_id, device_type="twin", simulated=True, batch_size=16, frequency_hz=900, reached=True,
+                     final_accuracy=0.9, samples_to_accuracy=100, samples_processed=128, steps=8, device_time_s=1.0, energy_j=1.0,
+                     peak_power_w=3.0, wall_s=1.0)  # fmt: skip
+
+
+def test_a_part_changes_only_through_events_with_its_counts_index_and_ledger(store) -> None:
     store.jobs.create("j1", JobSpec.model_validate(quick_job()))
-    assert store.jobs.device_jobs("nano-1") == ["j1"]
-    assert store.jobs.update_part("j1", "nano-1", {"state": PartState.finetuning}, PartState.pending)
-    assert store.jobs.update_part("j1", "nano-1", {"state": PartState.failed}, PartState.pending) is None  # moved on
-    done = store.jobs.update_part("j1", "nano-1", {"state": PartState.completed}, PartState.finetuning)
-    assert done.state == PartState.completed and store.jobs.part("j1", "nano-1").state == PartState.completed
-    assert store.jobs.device_jobs("nano-1") == []  # no unfinished part on the device any more
+    assert store.jobs.device_jobs("nano-1") == ["j1"] and store.jobs.states("j1") == {PartState.pending: 2}
+    with pytest.raises(Refused):
+        store.jobs.apply("j1", "nano-1", AttemptFailed(attempt="a1", reason="x"))  # nothing runs it
+    start_attempt(store, "j1", "nano-1", "a1")
+    assert store.jobs.states("j1") == {PartState.pending: 1, PartState.finetuning: 1}
+    assert store.jobs.dispatched_since(time.time() + 1, 10) == [("j1", "nano-1")]
+    with pytest.raises(Refused, match="no longer holds"):
+        store.jobs.apply("j1", "nano-1", AttemptFinished(attempt="stale", report=finished_report("nano-1")))
+    done = store.jobs.apply("j1", "nano-1", AttemptFinished(attempt="a1", report=finished_report("nano-1")))
+    assert done.part.state == PartState.completed and done.before.state == PartState.finetuning and done.finished is None
+    assert store.jobs.part("j1", "nano-1").state == PartState.completed
+    assert store.jobs.device_jobs("nano-1") == [] and store.jobs.dispatched_since(time.time() + 1, 10) == []
+    with pytest.raises(JobNotFoundError):
+        store.jobs.apply("j1", "missing", Failed(reason="x"))
+
+
+def test_the_last_part_to_finish_logs_the_job_finished_once_and_sets_its_expiry(redis_server) -> None:
+    store = Store.connect(redis_server.url, "retained", job_retention_s=600)
+    store.clear()
+    store.jobs.create("j1", JobSpec.model_validate(quick_job()))
+    assert store.jobs.apply("j1", "nano-1", Failed(reason="broken")).finished is None
+    last = store.jobs.apply("j1", "tx2nx-1", Failed(reason="broken too"))
+    assert last.finished == JobState.failed
+    kinds = [e.kind for e in store.jobs.status("j1").events]
+    assert kinds.count(EventKind.finished) == 1 and kinds[-1] == EventKind.finished
+    raw = store._redis
+    assert 0 < raw.ttl(store.keys.job("j1")) <= 600 and 0 < raw.ttl(store.keys.part("j1", "nano-1")) <= 600
+    store.jobs.apply("j1", "nano-1", Requeued())  # planned again: kept, and it can finish again
+    assert raw.ttl(store.keys.job("j1")) == -1 and raw.ttl(store.keys.part("j1", "tx2nx-1")) == -1
+    assert store.jobs.apply("j1", "nano-1", Failed(reason="again")).finished == JobState.failed
+    with pytest.raises(JobFinished, match="already finished"):
+        store.jobs.cancel("j1")
+    assert store.jobs.record("j1").cancelled_at is None  # nothing changed
+
+
+def test_an_attempt_writes_only_while_it_holds_its_part(store) -> None:
+    store.jobs.create("j1", JobSpec.model_validate(quick_job()))
+    progress = FinetuneProgress(samples=10, accuracy=0.5, device_time_s=1.0, energy_j=2.0, target_accuracy=0.85, max_samples=100)
+    assert store.jobs.attempt_write("j1", "nano-1", "a1", progress=progress) == Written.stale  # no attempt yet
+    assert store.jobs.attempt_write("j1", "gone", "a1", progress=progress) == Written.gone
+    start_attempt(store, "j1", "nano-1", "a1")
+    store.jobs.apply("j1", "nano-1", AttemptLost(attempt="a1", outcome="re-queued"))
+    assert store.jobs.attempt_write("j1", "nano-1", "a1", progress=progress) == Written.stale
+    store.jobs.apply("j1", "nano-1", AttemptStarted(dispatch="t1", digest=store.jobs.part("j1", "nano-1").dispatch and
+                     request_digest(store.jobs.part("j1", "nano-1").dispatch.request), attempt="a2", node="n"))  # fmt: skip
+    assert store.jobs.progress("j1", "nano-1") is None  # the stale writes left nothing
+    assert store.jobs.attempt_write("j1", "nano-1", "a2", progress=progress) == Written.ok
+    store.jobs.cancel("j1")
+    store.jobs.apply("j1", "nano-1", CancelRequested(reason="cancelled"))
+    assert store.jobs.attempt_write("j1", "nano-1", "a2") == Written.cancel
+
+
+def test_finished_jobs_are_pruned_and_running_ones_kept(store) -> None:
+    store.jobs.create("done", JobSpec.model_validate(quick_job()))
+    store.jobs.create("running", JobSpec.model_validate(quick_job()))
+    for device in ("nano-1", "tx2nx-1"):
+        store.jobs.apply("done", device, Failed(reason="x"))
+    assert store.jobs.prune(older_than_s=3600) == []  # too recent
+    assert store.jobs.prune(older_than_s=0) == ["done"]
+    assert store.jobs.record("done") is None and store.jobs.job_ids() == ["running"]
+    assert [j.job_id for j in store.jobs.summaries()] == ["running"]

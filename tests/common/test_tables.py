@@ -3,8 +3,10 @@
 import random
 
 import pytest
+from pydantic import ValidationError
 
-from edgetrain.common.schemas import RelationVector
+from edgetrain.common.control_axis import ClockObservation
+from edgetrain.common.schemas import ProfileTable, RelationVector
 from edgetrain.common.selection import Baseline1
 from edgetrain.common.tables import merge, missing_batch_sizes, rows_of, storable_problem
 from edgetrain.common.testing.tables import B, random_monotone_table
@@ -59,3 +61,75 @@ def test_rows_of_keeps_the_asked_rows_and_the_memory_limit() -> None:
     assert Baseline1(RelationVector.uniform(some.batch_sizes), None).choose(some, None).batch_size == 32
     with pytest.raises(ValueError, match="no row of batch sizes"):
         rows_of(full, [256])
+
+
+def random_rows(rng: random.Random, sizes: list[int], frequencies: list[int], grids: set[str]) -> ProfileTable:
+    """A table of rows `sizes` with random values (some unmeasured), every grid of `grids` and a random b_mem."""
+
+    def grid(value) -> list[list]:
+        return [[value() if rng.random() > 0.2 else None for _ in frequencies] for _ in sizes]
+
+    clock = lambda: ClockObservation(mean_hz=rng.uniform(1, 9), min_hz=1, max_hz=9, samples=rng.randint(1, 5))  # noqa: E731
+    values = {
+        "time_s": grid(lambda: rng.uniform(0.1, 5)), "peak_power_w": grid(lambda: rng.uniform(1, 9)),
+        "energy_j": grid(lambda: rng.uniform(0, 40)), "observed_clock_hz": grid(clock),
+    }  # fmt: skip
+    return ProfileTable(
+        batch_sizes=sizes, frequencies_hz=frequencies, samples=512, device_type="jetson-nano", model="smallcnn",
+        input_shape=[1, 28, 28], max_batch_size=rng.choice([None, *sizes]), points_measured=rng.randint(1, 40),
+        **{name: values[name] for name in ("time_s", "peak_power_w") + tuple(grids)},
+    )  # fmt: skip
+
+
+def test_merging_random_row_sets_keeps_every_per_row_field_of_the_right_source() -> None:
+    rng = random.Random(20)
+    for _ in range(300):
+        frequencies = sorted(rng.sample(range(100, 2000, 100), rng.randint(1, 5)))
+        old_sizes, new_sizes = (sorted(rng.sample(B, rng.randint(1, len(B)))) for _ in range(2))
+        optional = ("energy_j", "observed_clock_hz")
+        old_grids, new_grids = ({g for g in optional if rng.random() < 0.8} for _ in range(2))
+        old, new = random_rows(rng, old_sizes, frequencies, old_grids), random_rows(rng, new_sizes, frequencies, new_grids)
+        merged = merge(old, new)
+        assert ProfileTable.model_validate_json(merged.model_dump_json()) == merged  # it validates, and loads again
+        assert merged.batch_sizes == sorted(set(old_sizes) | set(new_sizes))
+        for name in ProfileTable.GRIDS:
+            if getattr(old, name) is None or getattr(new, name) is None:
+                assert getattr(merged, name) is None, name
+                continue
+            for b, row in zip(merged.batch_sizes, getattr(merged, name)):
+                source = new if b in new_sizes else old
+                assert row == getattr(source, name)[source.batch_sizes.index(b)], (name, b)
+        fits = [b for b in merged.batch_sizes if b <= ((new if b in new_sizes else old).max_batch_size or 0)]
+        assert merged.max_batch_size == max(fits, default=None)
+        assert merged.points_measured == old.points_measured + new.points_measured
+        keep = rng.sample(merged.batch_sizes, rng.randint(1, len(merged.batch_sizes)))
+        some = rows_of(merged, keep)
+        assert ProfileTable.model_validate_json(some.model_dump_json()) == some and some.batch_sizes == sorted(keep)
+        for name in ProfileTable.GRIDS:
+            assert getattr(some, name) == (None if getattr(merged, name) is None else
+                                           [getattr(merged, name)[merged.batch_sizes.index(b)] for b in sorted(keep)])  # fmt: skip
+
+
+def test_a_job_adding_a_row_keeps_the_clock_readings_of_every_row() -> None:
+    rng = random.Random(1)  # the case seen: rows 16 and 64 stored, row 32 profiled for another job
+    stored, added = random_rows(rng, [16, 64], [100, 200], {"observed_clock_hz"}), random_rows(rng, [32], [100, 200], {"observed_clock_hz"})
+    merged = merge(stored, added)
+    assert merged.batch_sizes == [16, 32, 64] and len(merged.observed_clock_hz) == 3
+    assert merged.observed_clock_hz[1] == added.observed_clock_hz[0] and merged.observed_clock_hz[2] == stored.observed_clock_hz[1]
+
+
+def test_the_per_row_fields_come_from_the_model() -> None:
+    assert ProfileTable.GRIDS == ("time_s", "peak_power_w", "energy_j", "observed_clock_hz")
+    assert RelationVector.PER_BATCH_SIZE == ("ratios", "samples_mean", "samples_std", "censored")
+    with pytest.raises(ValueError, match="samples_mean must have one value per batch size"):
+        RelationVector(batch_sizes=[4, 8], ratios=[0.5, 1.0], samples_mean=[10.0])
+
+
+def test_a_merge_that_would_not_validate_raises_instead_of_returning_a_table() -> None:
+    rng = random.Random(2)
+    stored = random_rows(rng, [16, 64], [100, 200], set())
+    skewed = random_rows(rng, [32], [100, 200], set()).model_copy(update={"time_s": [[1.0]]})  # 1 value for 2 frequencies
+    with pytest.raises(ValidationError, match="time_s must have 3 rows .* of 2 values"):
+        merge(stored, skewed)
+    with pytest.raises(ValueError, match="simulated"):  # every field not per row must match, a field added later included
+        merge(stored, random_rows(rng, [32], [100, 200], set()).model_copy(update={"simulated": True}))

@@ -71,3 +71,17 @@ def test_redis_acl_command_writes_hashes_only(tmp_path: Path) -> None:
     assert out == acl_file(passwords)
     assert out.splitlines()[0] == "user default off resetkeys resetchannels -@all"
     assert all(f"#{password_hash(pw)}" in out and pw not in out for pw in passwords.values())
+
+
+def test_every_recipe_restarts_a_stopped_worker_and_runs_redis_without_eviction() -> None:
+    unit = (DEPLOY / "jetson" / "edgetrain-device.service").read_text().splitlines()
+    assert "Restart=always" in unit  # whatever the exit status: a worker stopped by an error exits non-zero anyway
+    compose = documents(DEPLOY / "compose" / "docker-compose.yml")[0]["services"]
+    assert all(compose[name]["restart"] == "unless-stopped" for name in ("redis", "control", "server", "flower"))
+    for name in ("control.yaml", "server-workers.yaml"):
+        for deployment in (d for d in documents(DEPLOY / "kubernetes" / name) if d["kind"] == "Deployment"):
+            assert deployment["spec"]["template"]["spec"].get("restartPolicy", "Always") == "Always"
+    tls = documents(DEPLOY / "compose" / "docker-compose.tls.yml")[0]["services"]["redis"]["command"]
+    k8s = next(d for d in documents(DEPLOY / "kubernetes" / "redis.yaml") if d["kind"] == "Deployment")
+    for argv in (compose["redis"]["command"], tls, k8s["spec"]["template"]["spec"]["containers"][0]["args"]):
+        assert argv[argv.index("--maxmemory-policy") + 1] == "noeviction" and argv[argv.index("--appendonly") + 1] == "yes"

@@ -15,12 +15,17 @@ import pytest
 import torch
 from celery.result import AsyncResult
 
+from edgetrain.common.control_axis import ControlAxis
 from edgetrain.common.jobs import PartState
+from edgetrain.common.keys import vector_key, vector_resource
 from edgetrain.common.models import build_model
+from edgetrain.common.part_events import Dispatched, Identified
+from edgetrain.common.payloads import FinetuneRequest
 from edgetrain.common.presets import quick_job
-from edgetrain.common.schemas import JobSpec
+from edgetrain.common.schemas import EstimationRequest, JobSpec, Selection, TrainingOutcome
 from edgetrain.common.settings import Settings
 from edgetrain.tasks.app import producer_app
+from edgetrain.tasks.client import EdgeTrainClient
 from edgetrain.tasks.contract import CONTROL_QUEUE, SERVER_QUEUE, TaskName, device_queue
 from edgetrain.workers.cluster import LocalCluster
 
@@ -64,26 +69,35 @@ class Fleet:
             time.sleep(0.2)
         return True
 
-    def raw(self, task: TaskName, payload: object, queue: str, timeout_s: float = 120) -> AsyncResult:
-        """Send a raw task message and wait until a worker has run it."""
-        result = self.app.send_task(task.value, args=[payload], queue=queue)
+    def raw(self, task: TaskName, payload: object, queue: str, timeout_s: float = 120, task_id: str | None = None) -> AsyncResult:
+        """Send a raw task message (as task `task_id`) and wait until a worker has run it."""
+        result = self.app.send_task(task.value, args=[payload], queue=queue, task_id=task_id)
         result.get(timeout=timeout_s, propagate=False)
         return result
 
-    def job_in_finetuning(self, device_id: str = DEVICE) -> str:
-        """A job whose part on `device_id` waits for its fine-tuning task (no task is sent)."""
+    def dispatched(self, device_id: str = DEVICE, **changes: object) -> tuple[str, str, dict]:
+        """A job whose part on `device_id` was dispatched the fine-tune `finetune_payload(**changes)`
+        as the control worker would (no task is sent): its id, the dispatch token (the task id
+        to send it as) and the payload. The payload must be well-formed (`changes` that are not
+        are applied to what is sent, not to what was dispatched)."""
         job_id = uuid.uuid4().hex[:12]
         spec = JobSpec.model_validate(quick_job([{"device_id": device_id, "power_cap_w": 5.0}]))
         self.store.jobs.create(job_id, spec)
-        part = self.store.jobs.part(job_id, device_id)
-        self.store.jobs.update_part(job_id, part.device_id, {"state": PartState.finetuning})
-        return job_id
+        payload = self.finetune_payload(job_id, device_id, **changes)
+        request = FinetuneRequest.model_validate(payload)
+        choice = Selection(batch_size=request.batch_size, frequency_hz=request.frequency_hz, estimated_time_s=1.0, peak_power_w=None)
+        token = uuid.uuid4().hex
+        identity = Identified(device_type="jetson-nano", simulated=True, control=ControlAxis.GPU_CLOCK_HZ)
+        self.store.jobs.apply(job_id, device_id, Dispatched(device=identity, token=token, request=request, selection=choice,
+                                                             estimated_time_to_accuracy_s=None))  # fmt: skip
+        return job_id, token, payload
 
     def finetune_payload(self, job_id: str, device_id: str = DEVICE, **changes: object) -> dict:
         base = {
             "job_id": job_id, "device_id": device_id, "model": "smallcnn", "weights": "init:0",
             "dataset": {"name": "mnist5k", "fraction": 0.1}, "target_accuracy": 0.5, "batch_size": 16,
             "frequency_hz": self.frequency_hz, "lr": {}, "eval_every_samples": 64, "max_samples": 128, "seed": 0,
+            "target": {"device_id": device_id, "power_cap_w": 5.0}, "objective": "time", "table_id": "none", "vector_key": "none",
         }  # fmt: skip
         return base | changes
 
@@ -93,6 +107,13 @@ class Fleet:
             "batch_sizes": [32], "seeds": [0], "lr": {}, "eval_every_samples": 128, "max_samples": 256,
         } | changes  # fmt: skip
         return {"request": request, "batch_size": 32, "seed": 0}
+
+    def dispatched_proxy_payload(self, **changes: object) -> dict:
+        """A proxy run of a request recorded as sent for estimation, as `estimate_relation_vector`
+        records it (one whose model the allow-list refuses: recorded before the list changed)."""
+        payload = self.proxy_payload(**changes)
+        self.store.resources.put_vector_request(EstimationRequest.model_validate(payload["request"]))
+        return payload
 
 
 @pytest.fixture(scope="module")
@@ -136,9 +157,9 @@ def wait_for_part(fleet: Fleet, job_id: str, state: PartState, timeout_s: float 
 
 
 def test_a_task_for_another_device_changes_nothing_of_its_job(fleet: Fleet) -> None:
-    job_id = fleet.job_in_finetuning("nano-a")
+    job_id, token, payload = fleet.dispatched("nano-a")
     before = fleet.store.jobs.status(job_id)
-    result = fleet.raw(TaskName.finetune, fleet.finetune_payload(job_id, "nano-a"), device_queue(DEVICE))
+    result = fleet.raw(TaskName.finetune, payload, device_queue(DEVICE), task_id=token)
     assert result.state == "FAILURE" and "reached the worker of 'nano-h'" in str(result.result)
     time.sleep(1.0)  # room for an advance the task might have sent
     after = fleet.store.jobs.status(job_id)
@@ -166,31 +187,30 @@ def test_a_job_record_written_past_the_client_fails_at_the_control_worker(fleet:
 
 
 def test_raw_fine_tune_naming_a_path_as_dataset_is_refused(fleet: Fleet) -> None:
-    job_id = fleet.job_in_finetuning()
-    fleet.raw(TaskName.finetune, fleet.finetune_payload(job_id, dataset={"name": "../../etc/passwd"}), device_queue(DEVICE))
+    job_id, token, payload = fleet.dispatched(dataset={"name": "../../etc/passwd"})
+    fleet.raw(TaskName.finetune, payload, device_queue(DEVICE), task_id=token)
     part = wait_for_part(fleet, job_id, PartState.failed)
     assert "fine-tuning failed: dataset: unknown dataset '../../etc/passwd'" in part.reason
 
 
 @pytest.mark.parametrize("model", [f"{EVIL}:build", "os:system", "builtins:eval", f"{GOOD}:nn"])
 def test_raw_proxy_run_with_a_forbidden_model_is_refused_on_the_server(fleet: Fleet, model: str) -> None:
-    result = fleet.raw(TaskName.train_proxy, fleet.proxy_payload(model=model), SERVER_QUEUE)
+    result = fleet.raw(TaskName.train_proxy, fleet.dispatched_proxy_payload(model=model), SERVER_QUEUE)
     assert result.state == "FAILURE"
     assert any(words in str(result.result) for words in ("not allowed here", "standard library", "not a factory defined in"))
     assert not fleet.marker.exists()
 
 
 def test_raw_proxy_run_with_an_allowed_user_model_trains(fleet: Fleet) -> None:
-    result = fleet.raw(TaskName.train_proxy, fleet.proxy_payload(model=f"{GOOD}:build"), SERVER_QUEUE)
+    result = fleet.raw(TaskName.train_proxy, fleet.dispatched_proxy_payload(model=f"{GOOD}:build"), SERVER_QUEUE)
     assert result.state == "SUCCESS", result.result
     assert result.result["samples_processed"] == 256
 
 
 @pytest.mark.parametrize("path", ["/etc/passwd", "../outside/a.txt", "escape/a.txt", "escape"])
 def test_raw_fine_tune_reading_outside_the_data_roots_is_refused(fleet: Fleet, path: str) -> None:
-    job_id = fleet.job_in_finetuning()
-    payload = fleet.finetune_payload(job_id, dataset={"name": "text", "path": path}, model="char_transformer")
-    fleet.raw(TaskName.finetune, payload, device_queue(DEVICE))
+    job_id, token, payload = fleet.dispatched(dataset={"name": "text", "path": path}, model="char_transformer")
+    fleet.raw(TaskName.finetune, payload, device_queue(DEVICE), task_id=token)
     part = wait_for_part(fleet, job_id, PartState.failed)
     assert "fine-tuning failed: dataset.path:" in part.reason
     assert ("contains '..'" if ".." in path else "is outside the data roots") in part.reason
@@ -198,9 +218,8 @@ def test_raw_fine_tune_reading_outside_the_data_roots_is_refused(fleet: Fleet, p
 
 
 def test_raw_fine_tune_reading_user_data_inside_the_roots_runs(fleet: Fleet) -> None:
-    job_id = fleet.job_in_finetuning()
-    payload = fleet.finetune_payload(job_id, dataset={"name": "text", "path": "mine.txt"}, model="char_transformer", batch_size=4)
-    fleet.raw(TaskName.finetune, payload, device_queue(DEVICE), timeout_s=300)
+    job_id, token, payload = fleet.dispatched(dataset={"name": "text", "path": "mine.txt"}, model="char_transformer", batch_size=4)
+    fleet.raw(TaskName.finetune, payload, device_queue(DEVICE), timeout_s=300, task_id=token)
     part = wait_for_part(fleet, job_id, PartState.completed)
     assert part.report.samples_processed == 128
 
@@ -224,8 +243,8 @@ def test_raw_fine_tune_loading_weights_outside_the_store_is_refused(fleet: Fleet
         ("file:///etc/shadow", "files outside the artifact store are never read"),
         (f"file://{fleet.outside / 'w.pt'}#sha256={digest}", "files outside the artifact store are never read"),
     ]:
-        job_id = fleet.job_in_finetuning()
-        fleet.raw(TaskName.finetune, fleet.finetune_payload(job_id, weights=weights), device_queue(DEVICE))
+        job_id, token, payload = fleet.dispatched(weights=weights)
+        fleet.raw(TaskName.finetune, payload, device_queue(DEVICE), task_id=token)
         part = wait_for_part(fleet, job_id, PartState.failed)
         assert "fine-tuning failed: weights: " in part.reason and words in part.reason, part.reason
 
@@ -242,9 +261,9 @@ def test_raw_fine_tune_loading_weights_outside_the_store_is_refused(fleet: Fleet
     ],
 )
 def test_raw_fine_tune_outside_the_bounds_is_refused_before_it_runs(fleet: Fleet, changes: dict, words: str) -> None:
-    job_id = fleet.job_in_finetuning()
+    job_id, token, payload = fleet.dispatched()
     before = fleet.store.jobs.status(job_id)
-    result = fleet.raw(TaskName.finetune, fleet.finetune_payload(job_id) | changes, device_queue(DEVICE))
+    result = fleet.raw(TaskName.finetune, payload | changes, device_queue(DEVICE), task_id=token)
     assert result.state == "FAILURE" and "ValidationError" in str(result.result), result.result
     assert fleet.log_says(f"device-{DEVICE}", words)  # the validation message is in the worker's log
     after = fleet.store.jobs.status(job_id)
@@ -260,3 +279,77 @@ def test_raw_profile_and_proxy_runs_outside_the_bounds_are_refused(fleet: Fleet)
     result = fleet.raw(TaskName.train_proxy, fleet.proxy_payload(seeds=list(range(10**4))), SERVER_QUEUE)
     assert result.state == "FAILURE" and "ValidationError" in str(result.result)
     assert fleet.log_says("server-0", "request.seeds\n  List should have at most 16 items")
+
+
+def test_a_forged_fine_tune_runs_nothing_and_changes_nothing(fleet: Fleet) -> None:
+    job_id, token, payload = fleet.dispatched()
+    before = fleet.store.jobs.status(job_id)
+    forged_task = fleet.raw(TaskName.finetune, payload, device_queue(DEVICE), task_id=uuid.uuid4().hex)  # not the task dispatched
+    forged_request = fleet.raw(TaskName.finetune, payload | {"target_accuracy": 0.2, "batch_size": 64}, device_queue(DEVICE),
+                               task_id=token)  # the task's id, another configuration and target  # fmt: skip
+    assert forged_task.state == forged_request.state == "SUCCESS" and forged_task.result is None
+    assert fleet.log_says(f"device-{DEVICE}", "it was not dispatched to the part (a stale or forged fine-tune)")
+    assert fleet.log_says(f"device-{DEVICE}", "its request is not the one dispatched (a forged fine-tune)")
+    after = fleet.store.jobs.status(job_id)
+    assert after.parts == before.parts and after.events == before.events and after.progress == {}
+    fleet.app.send_task(TaskName.finetune.value, args=[payload], queue=device_queue(DEVICE), task_id=token)  # the real one
+    part = wait_for_part(fleet, job_id, PartState.completed, timeout_s=120)
+    assert part.report.batch_size == 16 and part.report.reached == (part.report.final_accuracy >= 0.5)
+
+
+def test_raw_estimation_naming_a_forbidden_model_is_refused_before_any_run(fleet: Fleet) -> None:
+    request = EstimationRequest.model_validate(fleet.proxy_payload(model=f"{EVIL}:build", max_samples=512)["request"])
+    result = fleet.raw(TaskName.estimate_relation_vector, request.model_dump(mode="json"), SERVER_QUEUE)
+    assert result.state == "FAILURE" and f"refused: model: '{EVIL}:build': module '{EVIL}' is not allowed here" in str(result.result)
+    assert fleet.store.resources.vector_request(vector_key(request)) is None and not fleet.marker.exists()
+
+
+VICTIM = {"batch_sizes": [16, 64], "target_accuracy": 0.5, "eval_every_samples": 256, "max_samples": 2048}
+
+
+def test_a_forged_proxy_run_is_refused_and_the_victims_job_completes(fleet: Fleet) -> None:
+    """A submitter may push onto `server`: a run outside its request, or of a request nobody
+    sent for estimation, is refused and records nothing, so the vector it aimed at is estimated
+    as usual when its job comes."""
+    spec = quick_job([{"device_id": DEVICE, "power_cap_w": 5.0}], **VICTIM)
+    request = JobSpec.model_validate(spec).estimation_request()
+    key = vector_key(request)
+    for b, words in [(32, "b=32 seed=0 is not a run of relation vector"), (16, "is not being estimated")]:
+        forged = fleet.raw(TaskName.train_proxy, {"request": request.model_dump(mode="json"), "batch_size": b, "seed": 0}, SERVER_QUEUE)
+        assert forged.state == "FAILURE" and words in str(forged.result), forged.result
+    assert fleet.store.resources.vector_parts(key) == [] and fleet.store.coordination.failure(vector_resource(key)) is None
+    client = EdgeTrainClient(fleet.cluster.url)
+    status = client.wait(client.submit(spec), timeout_s=300)
+    assert status.state.value == "completed", [e.line() for e in status.events]
+    assert sorted((o.batch_size, o.seed) for o in fleet.store.resources.vector_parts(key)) == [(16, 0), (64, 0)]
+
+
+def test_a_failed_aggregation_fails_the_waiting_job_and_the_next_one_estimates_again(fleet: Fleet) -> None:
+    """A recorded run that cannot be aggregated (reached, but with no N_b) fails the vector with
+    the reason: the job waiting on it fails at once instead of waiting behind the claim, and
+    the runs are forgotten, so the next job with that vector runs them again and completes."""
+    spec = quick_job([{"device_id": DEVICE, "power_cap_w": 5.0}], **VICTIM | {"eval_every_samples": 128})
+    key = vector_key(JobSpec.model_validate(spec).estimation_request())
+    broken = TrainingOutcome(batch_size=16, seed=0, samples_to_accuracy=None, reached=True, final_accuracy=0.6,
+                             samples_processed=256, evaluations=2, wall_s=1.0)  # fmt: skip
+    fleet.store.resources.put_vector_part(key, broken)
+    client = EdgeTrainClient(fleet.cluster.url)
+    status = client.wait(client.submit(spec), timeout_s=300)
+    part = status.parts[DEVICE]
+    assert part.state == PartState.failed and f"relation vector {key}: aggregating the proxy runs failed" in part.reason, part.reason
+    assert fleet.store.coordination.holder(vector_resource(key)) is None and fleet.store.resources.vector_parts(key) == []
+    again = client.wait(client.submit(spec), timeout_s=300)
+    assert again.state.value == "completed", [e.line() for e in again.events]
+
+
+@pytest.mark.parametrize(
+    "task, payload, words",
+    [
+        (TaskName.advance_job, "j1:events", "job_id: 'j1:events' is not allowed: 1 to 64 letters"),
+        (TaskName.advance_job, "*", "job_id: '*' is not allowed"),
+        (TaskName.advance_page, {"job_id": "j1:part:nano-h", "page": 0}, "ValidationError"),
+    ],
+)
+def test_a_control_task_naming_a_bad_job_id_is_refused(fleet: Fleet, task: TaskName, payload: object, words: str) -> None:
+    result = fleet.raw(task, payload, CONTROL_QUEUE)
+    assert result.state == "FAILURE" and words in f"{type(result.result).__name__}: {result.result}", result.result

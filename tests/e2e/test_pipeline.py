@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,10 +72,15 @@ def test_identical_job_profiles_and_estimates_nothing_again(cluster, client, fir
         assert part.selection == first.parts[device_id].selection
 
 
-def test_second_device_of_a_type_reuses_its_table(client, first_job) -> None:
+def test_second_device_of_a_type_reuses_its_table_and_starts_from_what_earlier_fine_tunes_measured(cluster, client, first_job) -> None:
     status = client.wait(client.submit(quick_job([{"device_id": "nano-2", "power_cap_w": 3.0}])), timeout_s=TIMEOUT_S)
     assert status.state.value == "completed"
     assert EventKind.profiling not in {e.kind for e in status.events}, status.events
+    first = first_job[1]
+    tried = sorted({first.parts[d].report.batch_size for d in ("nano-1", "tx2nx-1")})
+    learned = status.parts["nano-2"].report.learned  # the first job's fine-tunes on the MNIST subset are its evidence
+    assert len(tried) == 2 and learned is not None and learned.source == "learned", (tried, learned)
+    assert set(tried) <= set(learned.measured_batch_sizes) and len(learned.records) >= 2
 
 
 def test_unknown_device_and_infeasible_cap_fail_alone(client, first_job) -> None:
@@ -108,8 +114,10 @@ def _cli(cluster, *args: str) -> subprocess.CompletedProcess:
 
 def test_cli_fleet_submit_and_status(cluster, tmp, first_job) -> None:
     fleet = json.loads(_cli(cluster, "fleet", "--json").stdout)
-    assert sorted(d["device_id"] for d in fleet) == sorted(DEVICES)
-    assert all(d["simulated"] for d in fleet)
+    assert sorted(d["device_id"] for d in fleet["devices"]) == sorted(DEVICES)
+    assert all(d["simulated"] for d in fleet["devices"])
+    assert sorted(w["role"] for w in fleet["workers"]) == ["control", "device", "device", "device", "server"]
+    assert {q for w in fleet["workers"] for q in w["queues"]} >= {"control", "server", *(f"device.{d}" for d in DEVICES)}
     spec_file = tmp / "job.json"
     spec_file.write_text(json.dumps(quick_job([{"device_id": "tx2nx-1", "power_cap_w": 5.0}])))
     submitted = _cli(cluster, "submit", str(spec_file), "--wait", "--json")
@@ -146,3 +154,27 @@ def test_force_profiles_again(cluster, client, first_job) -> None:
     status = client.wait(client.submit(spec), timeout_s=TIMEOUT_S)
     assert status.state.value == "completed"
     assert store.resources.table(tid).created_at > before
+
+
+def mapped_torch(pid: int) -> list[str]:
+    """The files of PyTorch or torchvision mapped into process `pid`."""
+    return sorted({line.split()[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if "/torch" in line})
+
+
+def test_the_control_worker_maps_no_pytorch(cluster, first_job) -> None:
+    """Its main process and pool children advanced whole jobs, with the cluster's default
+    EDGETRAIN_TORCH_THREADS, and never loaded PyTorch."""
+    control = cluster.worker("control").process
+    children = subprocess.run(["pgrep", "-P", str(control.pid)], capture_output=True, text=True).stdout.split()
+    pids = [control.pid, *map(int, children)]
+    assert len(pids) >= 2, "the control worker has a pool child"
+    assert {pid: mapped_torch(pid) for pid in pids} == {pid: [] for pid in pids}
+
+
+def test_cli_submit_wait_exits_3_when_no_configuration_meets_the_cap(cluster, tmp, first_job) -> None:
+    spec_file = tmp / "infeasible.json"
+    spec_file.write_text(json.dumps(quick_job([{"device_id": "nano-1", "power_cap_w": 0.5}])))  # the table and vector are stored
+    submitted = _cli(cluster, "submit", str(spec_file), "--wait", "--timeout", "120")
+    assert submitted.returncode == 3, (submitted.stdout, submitted.stderr)
+    assert "nano-1 [jetson-nano] power cap 0.5 W" in submitted.stdout
+    assert "failed: power cap 0.50 W is below what any configuration needs: the lowest cap that would work is" in submitted.stdout

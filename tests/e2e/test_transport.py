@@ -5,9 +5,11 @@ connections without TLS or the right password are refused, and no password shows
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -19,8 +21,10 @@ import pytest
 import redis
 
 from edgetrain.common.presets import quick_job
+from edgetrain.common.settings import Settings
 from edgetrain.common.testing.certificates import issue
 from edgetrain.common.testing.redis_server import TlsRedis, free_port
+from edgetrain.tasks.app import producer_app
 from edgetrain.tasks.client import EdgeTrainClient
 from edgetrain.workers.cluster import LocalCluster
 from edgetrain.workers.redis_acl import ROLES, acl_file
@@ -98,15 +102,25 @@ def test_the_default_user_is_off(secure: Secure) -> None:
     [
         ("submitter", ("LPUSH", "device.nano-t", "{}")),  # a device's queue
         ("submitter", ("RPOP", "control")),  # taking a task
+        ("submitter", ("LRANGE", "control", "0", "-1")),  # reading the queued tasks of every user
+        ("submitter", ("LINDEX", "server", "0")),
         ("submitter", ("LRANGE", "device.nano-t", "0", "-1")),
+        ("submitter", ("HGETALL", "unacked")),  # the tasks being run
         ("submitter", ("SET", "edgetrain:fleet:device:fake", "{}")),
         ("submitter", ("SET", "edgetrain:table:x", "{}")),
+        ("submitter", ("HSET", "edgetrain:vector-parts:x", "32:0", "{}")),  # a proxy run's outcome
+        ("submitter", ("SET", "edgetrain:vector-request:x", "{}")),  # an estimation the server pool sent
+        ("submitter", ("SET", "edgetrain:claim:vector:x", "me")),
+        ("submitter", ("PUBLISH", "/0.celery.pidbox", "{}")),  # remote control: shutdown, revoke
         ("submitter", ("FLUSHALL",)),
         ("submitter", ("CONFIG", "GET", "*")),
         ("submitter", ("KEYS", "*")),
         ("monitor", ("SET", "edgetrain:job:x", "{}")),
         ("monitor", ("LPUSH", "control", "{}")),
         ("monitor", ("DEL", "edgetrain:jobs")),
+        ("monitor", ("PUBLISH", "/0.celery.pidbox", "{}")),  # remote control: shutdown, revoke
+        ("monitor", ("SUBSCRIBE", "/0.celery.pidbox")),
+        ("monitor", ("LPUSH", "x.reply.celery.pidbox", "{}")),  # a forged reply to an operator's command
         ("worker", ("FLUSHALL",)),
         ("worker", ("ACL", "SETUSER", "me", "on", "+@all")),
         ("worker", ("SHUTDOWN",)),
@@ -120,8 +134,20 @@ def test_each_role_is_refused_what_it_does_not_need(secure: Secure, role: str, c
 def test_each_role_may_do_its_part(secure: Secure) -> None:
     submitter, monitor = secure.client("submitter"), secure.client("monitor")
     assert DEVICE in submitter.smembers("edgetrain:fleet:ids")
-    assert submitter.llen("control") >= 0 and monitor.llen(f"device.{DEVICE}") >= 0
+    assert submitter.llen("control") >= 0  # a queue's length is not its content (LLEN reads no element)
+    assert monitor.llen("control") >= 0 and monitor.llen(f"device.{DEVICE}") >= 0
     assert monitor.zcard("edgetrain:jobs") >= 0
+
+
+def test_the_monitor_cannot_shut_a_worker_down(secure: Secure) -> None:
+    """Celery's own remote control, as the monitor user (what Flower's buttons send), is refused
+    by Redis, and the device worker lives on."""
+    monitor = producer_app(Settings(redis_url=secure.url("monitor"), redis_url_file=None))
+    device = secure.cluster.worker(f"device-{DEVICE}")
+    with pytest.raises(Exception, match="no permissions"):
+        monitor.control.shutdown(destination=[f"device-{DEVICE}@{socket.gethostname()}"])
+    time.sleep(2.0)
+    assert device.alive()
 
 
 def test_a_client_reads_its_password_from_a_file(secure: Secure, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,18 +176,33 @@ def test_flower_as_the_monitor_behind_a_login_with_no_secret_in_the_process_list
     cmd = [sys.executable, "-m", "edgetrain.workers.cli", "flower", "--port", str(port), "--basic-auth-file", str(auth_file)]
     flower = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        api = f"http://127.0.0.1:{port}/api/workers?refresh=1"
         header = {"Authorization": "Basic " + base64.b64encode(auth_file.read_text().strip().encode()).decode()}
-        deadline = time.monotonic() + 60
-        workers: dict = {}
-        while len(workers) < 3 and time.monotonic() < deadline:
-            try:
-                workers = json.load(urllib.request.urlopen(urllib.request.Request(api, headers=header), timeout=10))
-            except OSError:
+
+        def get(path: str) -> dict:
+            return json.load(urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=header), timeout=10))
+
+        def seen_by_flower(check, what: str):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with contextlib.suppress(OSError, ValueError):
+                    if found := check():
+                        return found
                 time.sleep(0.5)
-        assert {name.split("@")[0] for name in workers} == {"control", "server-0", f"device-{DEVICE}"}
+            raise AssertionError(f"Flower does not show {what}")
+
+        def worker_names() -> set[str] | None:
+            names = {w["hostname"].split("@")[0] for w in get("/workers?json=1")["data"]}
+            return names if len(names) >= 3 else None
+
+        workers = seen_by_flower(worker_names, "the workers")
+        assert workers == {"control", "server-0", f"device-{DEVICE}"}  # from their heartbeats: no remote control needed
+        queues = {q["name"] for q in get("/api/queues/length")["active_queues"]}
+        assert queues == {"control", "server", f"device.{DEVICE}"}
+        EdgeTrainClient(secure.url("submitter")).submit(quick_job([{"device_id": "ghost-1"}]))  # tasks while Flower watches
+        tasks = seen_by_flower(lambda: get("/api/tasks"), "the tasks")
+        assert any(t["name"].startswith("edgetrain.advance_") for t in tasks.values())
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(api, timeout=10)
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/workers", timeout=10)
         assert refused.value.code == 401
         lines = [command_line(pid) for w in secure.cluster.workers for pid in pids_of(w.process)] + [command_line(flower.pid)]
         leaked = [line for line in lines for secret in [*secure.passwords.values(), auth_file.read_text().strip()] if secret in line]

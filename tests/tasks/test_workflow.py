@@ -8,10 +8,12 @@ import redis
 
 from edgetrain.common.jobs import EventKind, PartState
 from edgetrain.common.keys import table_id, table_resource, vector_key, vector_resource
+from edgetrain.common.part_events import AttemptCancelled, AttemptFinished, AttemptStarted, Requeued, request_digest
 from edgetrain.common.payloads import FinetuneRequest, JobPage, ProfileRequest
 from edgetrain.common.presets import quick_job
-from edgetrain.common.schemas import DeviceInfo, EstimationRequest, JobSpec, RelationVector
+from edgetrain.common.schemas import DeviceInfo, EstimationRequest, JobSpec, RelationVector, RunReport
 from edgetrain.common.settings import Settings
+from edgetrain.common.store import Lease, Written
 from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.common.testing.tables import B, F, brute_force, random_monotone_table
 from edgetrain.tasks import context
@@ -165,7 +167,9 @@ def test_a_device_heard_from_again_has_its_jobs_advanced_once_more_so_the_missin
     register(s, "d1")
     spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
     store_resources(s, spec)
-    s.jobs.update_part("j1", "d1", {"state": PartState.finetuning})
+    advance_page(JobPage(job_id="j1", page=0))
+    assert s.jobs.part("j1", "d1").state == PartState.finetuning
+    broker.delete(device_queue("d1"))
     broker.zadd(s.keys.fleet_seen(), {"d1": broker.time()[0] - settings.heartbeat_ttl_s - 10})  # silent, within the grace
     broker.delete(s.keys.device("d1"))
     app = context.app()
@@ -184,3 +188,147 @@ def test_a_device_heard_from_again_has_its_jobs_advanced_once_more_so_the_missin
     advance_page(JobPage(job_id="j1", page=0))
     assert s.jobs.part("j1", "d1").waiting is None and s.jobs.part("j1", "d1").state == PartState.finetuning
     assert reap_once(s, app, settings, frozenset()) == frozenset() and advances() == []  # nothing more once it is back
+
+
+def test_cancel_stops_parts_no_attempt_runs_at_once_and_asks_running_ones_to_stop(s, broker) -> None:
+    for d in ("d1", "d2", "d3"):
+        register(s, d)
+    spec = submit(s, "j1", [{"device_id": d, "power_cap_w": 5.0} for d in ("d1", "d2", "d3")])
+    store_resources(s, spec)
+    advance_job("j1")
+    running = s.jobs.part("j1", "d2")
+    s.jobs.apply("j1", "d2", AttemptStarted(dispatch=running.dispatch.token, digest=request_digest(running.dispatch.request),
+                                            attempt="a1", node="device-d2@h"))  # fmt: skip
+    s.jobs.apply("j1", "d3", AttemptStarted(dispatch=s.jobs.part("j1", "d3").dispatch.token,
+                                            digest=request_digest(s.jobs.part("j1", "d3").dispatch.request), attempt="a3", node="n"))  # fmt: skip
+    s.jobs.apply("j1", "d3", AttemptFinished(attempt="a3", report=finished(s.jobs.part("j1", "d3"))))
+    s.jobs.cancel("j1")
+    advance_job("j1")
+    parts = s.jobs.status("j1").parts
+    assert parts["d1"].state == PartState.cancelled  # its fine-tune was only queued: at once
+    assert parts["d2"].state == PartState.finetuning and parts["d2"].cancel_requested_at is not None  # asked to stop
+    assert parts["d3"].state == PartState.completed  # finished before: untouched
+    assert s.jobs.attempt_write("j1", "d2", "a1") == Written.cancel
+    s.jobs.apply("j1", "d2", AttemptCancelled(attempt="a1", reason="cancelled after 64 samples"))
+    assert s.jobs.status("j1").state.value == "cancelled"
+
+    s.jobs.apply("j1", "d1", Requeued())  # a part of a cancelled job runs again, and is not cancelled again
+    advance_job("j1")
+    assert s.jobs.part("j1", "d1").state == PartState.finetuning
+    assert [t.name for t in queued_tasks(broker, device_queue("d1"))].count(TaskName.finetune.value) == 2  # the first, then this one
+
+
+def test_a_dispatched_fine_tune_whose_message_is_lost_is_sent_again_under_its_token(s, broker) -> None:
+    settings = context.settings()
+    register(s, "d1")
+    spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
+    store_resources(s, spec)
+    advance_job("j1")
+    token = s.jobs.part("j1", "d1").dispatch.token
+    (message,) = queued_tasks(broker, device_queue("d1"))
+    assert message.id == token
+    app = context.app()
+    reap_once(s, app, settings)
+    assert len(queued_tasks(broker, device_queue("d1"))) == 1  # queued: nothing to do
+    broker.delete(device_queue("d1"))  # the message is lost (a crash between taking and running it)
+    reap_once(s, app, settings)
+    assert queued_tasks(broker, device_queue("d1")) == []  # not before a lease's time
+    broker.zadd(s.keys.dispatched(), {"j1/d1": broker.time()[0] - settings.lease_ttl_s - 1})
+    reap_once(s, app, settings)
+    (again,) = queued_tasks(broker, device_queue("d1"))
+    assert again.id == token and FinetuneRequest.model_validate(again.payload) == s.jobs.part("j1", "d1").dispatch.request
+    assert "sent again" in s.jobs.status("j1").events[-1].message
+    reap_once(s, app, settings)
+    assert len(queued_tasks(broker, device_queue("d1"))) == 1  # once
+
+
+def test_a_lost_fine_tune_attempt_lets_its_part_go_before_its_message_is_restored(s, broker) -> None:
+    settings = context.settings()
+    register(s, "d1")
+    spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
+    store_resources(s, spec)
+    advance_job("j1")
+    part = s.jobs.part("j1", "d1")
+    s.jobs.apply("j1", "d1", AttemptStarted(dispatch=part.dispatch.token, digest=request_digest(part.dispatch.request),
+                                            attempt="a1", node="device-d1@h"))  # fmt: skip
+    lease = Lease(task_id=part.dispatch.token, task=TaskName.finetune.value, attempt="a1", node="device-d1@h", job_id="j1", device_id="d1")
+    s.liveness.take(lease)
+    broker.zadd(s.keys.leases(), {lease.task_id: broker.time()[0] - settings.lease_ttl_s - 1})  # its process stopped renewing
+    reap_once(s, context.app(), settings)
+    after = s.jobs.part("j1", "d1")
+    assert after.attempt is None and after.state == PartState.finetuning and s.liveness.lease(lease.task_id) is None
+    assert [e.kind for e in s.jobs.status("j1").events][-1] == EventKind.attempt_lost
+    assert s.jobs.attempt_write("j1", "d1", "a1") == Written.stale  # the old attempt, if it wakes, writes nothing
+
+
+def finished(part) -> RunReport:
+    b, f = part.selection.batch_size, part.selection.frequency_hz
+    return RunReport(device_id=part.device_id, device_type="twin", simulated=True, batch_size=b, frequency_hz=f, reached=True,
+                     final_accuracy=0.9, samples_to_accuracy=100, samples_processed=128, steps=8, device_time_s=1.0, energy_j=1.0,
+                     peak_power_w=3.0, wall_s=1.0)  # fmt: skip
+
+def test_a_table_and_vector_that_no_longer_load_are_set_aside_with_an_event_and_produced_again(s, broker) -> None:
+    register(s, "d1")
+    spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 4.0}])
+    store_resources(s, spec)
+    vkey = vector_key(spec.estimation_request())
+    broker.set(s.keys.table(TID), b'{"batch_sizes": [4]}')  # an older or hand-edited format
+    broker.set(s.keys.vector(vkey), b"{not json")
+    assert advance_job("j1") == "running"
+    events = s.jobs.status("j1").events
+    assert [e.kind for e in events] == [EventKind.submitted, EventKind.set_aside, EventKind.set_aside, EventKind.profiling,
+                                        EventKind.estimating]  # fmt: skip
+    assert f"edgetrain:table:{TID} no longer loads (frequencies_hz: Field required" in events[1].message
+    assert f"set aside under edgetrain:set-aside:table:{TID}:" in events[1].message
+    assert f"edgetrain:vector:{vkey} no longer loads (Invalid JSON" in events[2].message
+    (profile,) = queued_tasks(broker, device_queue("d1"))
+    request = ProfileRequest.model_validate(profile.payload)
+    assert request.batch_sizes == B and not request.merge  # the whole table, profiled again
+    (estimate,) = queued_tasks(broker, SERVER_QUEUE)
+    assert EstimationRequest.model_validate(estimate.payload) == spec.estimation_request()
+    assert [r.key for r in s.resources.set_asides()] == [s.keys.table(TID), s.keys.vector(vkey)]
+
+
+def test_a_part_re_queued_after_its_table_failed_tries_again_instead_of_failing_on_the_old_failure(s, broker) -> None:
+    register(s, "d1")
+    submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
+    advance_job("j1")
+    fail_resource(table_resource(TID), "profiling on d1 was revoked by an operator")
+    assert advance_job("j1") == "failed"
+    s.jobs.apply("j1", "d1", Requeued())
+    broker.delete(device_queue("d1"))
+    advance_job("j1")
+    assert s.jobs.part("j1", "d1").state == PartState.profiling  # profiled again, not failed with the old reason
+    assert [t.name for t in queued_tasks(broker, device_queue("d1"))] == [TaskName.profile_device.value]
+
+
+def test_a_profile_whose_message_redis_lost_is_sent_again_under_its_task_id(s, broker) -> None:
+    settings = context.settings()
+    register(s, "d1")
+    submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
+    advance_job("j1")
+    (profile,) = queued_tasks(broker, device_queue("d1"))
+    [sent] = [t for t in s.ledger.unseen_since(broker.time()[0] + 1, 10) if t.task_id == profile.id]
+    assert sent.task == TaskName.profile_device.value and sent.queue == device_queue("d1")
+    broker.delete(device_queue("d1"))  # popped by a worker just before Redis died: on no queue, in no worker
+    reap_once(s, context.app(), settings)
+    assert queued_tasks(broker, device_queue("d1")) == []  # not before a lease's time
+    broker.zadd(s.keys.sent_tasks(), {profile.id: broker.time()[0] - settings.lease_ttl_s - 1})
+    reap_once(s, context.app(), settings)
+    (again,) = queued_tasks(broker, device_queue("d1"))
+    assert again.id == profile.id and again.payload == profile.payload
+    s.ledger.done(profile.id)  # it ran
+    assert profile.id not in {t.task_id for t in s.ledger.unseen_since(broker.time()[0] + 1, 10)}
+
+
+def test_a_job_no_control_worker_took_up_is_started_again(s, broker) -> None:
+    settings = context.settings()
+    register(s, "d1")
+    submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])  # its advance_job message is lost
+    reap_once(s, context.app(), settings)
+    assert queued_tasks(broker, "control") == []  # not before a lease's time
+    broker.zadd(s.keys.unplanned(), {"j1": broker.time()[0] - settings.lease_ttl_s - 1})
+    reap_once(s, context.app(), settings)
+    assert [(t.name, t.payload) for t in queued_tasks(broker, "control")] == [(TaskName.advance_job.value, "j1")]
+    advance_job("j1")
+    assert s.jobs.unplanned(broker.time()[0] + 10**6, 10) == []  # taken up: nothing more to remind

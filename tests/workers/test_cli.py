@@ -1,22 +1,42 @@
 """What a user meets at the command line: `status` in every state, notes on stalled queues,
 one-line errors with distinct exit statuses, job management, specs checked in one pass."""
 
+import io
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
+from datetime import datetime, timedelta
 
 import pytest
+import redis
+from rich.console import Console
 
-from edgetrain.common.jobs import EventKind, FinetuneProgress, JobState, PartState
+from edgetrain.common.jobs import EventKind, FinetuneProgress, JobState, JobStatus, PartState
+from edgetrain.common.keys import vector_key
 from edgetrain.common.presets import quick_job
-from edgetrain.common.reports import JobReport
-from edgetrain.common.schemas import ConfigSwitch, JobSpec, PowerGuardReport, RunReport, Selection
-from edgetrain.common.store import WorkerInfo
+from edgetrain.common.progress import ProfilingProgress, ProxyRunProgress
+from edgetrain.common.reports import JobReport, completed_message
+from edgetrain.common.schemas import (
+    ConfigSwitch,
+    DeviceInfo,
+    JobSpec,
+    PowerGuardReport,
+    RunReport,
+    Selection,
+    TrainingOutcome,
+    utc_now,
+)
+from edgetrain.common.selection import InfeasibleCapError
+from edgetrain.common.store import WorkerInfo, Written
+from edgetrain.common.testing.parts import drive_part
 from edgetrain.tasks.client import EdgeTrainClient, JobSpecError, validate_job
 from edgetrain.workers.cli import main
-from edgetrain.workers.cli_args import ExitCode
+from edgetrain.workers.cli_args import ExitCode, job_exit_code
 from edgetrain.workers.output import format_report
+from edgetrain.workers.progress import JobProgress, part_line
 
 CLI = [sys.executable, "-m", "edgetrain.workers.cli"]
 SELECTION = Selection(batch_size=16, frequency_hz=614_400_000, estimated_time_s=1.0, peak_power_w=2.9)
@@ -30,23 +50,16 @@ def report(peak_w: float = 2.9) -> RunReport:
     )  # fmt: skip
 
 
-STATES = {
-    PartState.pending: {},
-    PartState.profiling: {"device_type": "jetson-nano", "simulated": True},
-    PartState.estimating: {"device_type": "jetson-nano", "simulated": True},
-    PartState.finetuning: {"device_type": "jetson-nano", "simulated": True, "selection": SELECTION},
-    PartState.completed: {"device_type": "jetson-nano", "simulated": True, "selection": SELECTION, "report": report()},
-    PartState.failed: {"reason": "unknown device 'nano-1'"},
-    PartState.cancelled: {"reason": "cancelled at 2026-11-23 10:00:00 UTC"},
-}
+STATES = list(PartState)
+REASONS = {PartState.failed: "unknown device 'nano-1'", PartState.cancelled: "cancelled at 2026-11-23 10:00:00 UTC"}
 
 
-def job_in(store, job_id: str, state: PartState) -> None:
+def job_in(store, job_id: str, state: PartState, selection: Selection = SELECTION, run: RunReport | None = None) -> None:
     store.jobs.create(job_id, JobSpec.model_validate(quick_job([{"device_id": "nano-1", "power_cap_w": 3.0}])))
-    store.jobs.update_part(job_id, "nano-1", {"state": state, **STATES[state]})
+    drive_part(store, job_id, "nano-1", state, selection=selection, report=run or report(), reason=REASONS.get(state, ""))
     if state == PartState.finetuning:
         progress = FinetuneProgress(samples=1024, accuracy=0.5, device_time_s=0.1, energy_j=0.2, target_accuracy=0.85, max_samples=40000)
-        store.jobs.set_progress(job_id, "nano-1", progress)
+        assert store.jobs.attempt_write(job_id, "nano-1", "a1", progress=progress) == Written.ok
 
 
 @pytest.mark.parametrize("state", list(STATES))
@@ -89,7 +102,7 @@ def test_unreachable_redis_is_one_line_naming_it_with_exit_status_4() -> None:
 
 def test_bad_arguments_are_refused_with_what_is_allowed() -> None:
     bad_id = subprocess.run([*CLI, "worker", "device", "--device-id", "a b", "--backend", "sim:jetson-nano"], capture_output=True, text=True, timeout=120)
-    assert bad_id.returncode == ExitCode.usage and "'a b' is not a device id" in bad_id.stderr
+    assert bad_id.returncode == ExitCode.usage and "device id: 'a b' is not allowed: 1 to 64 letters" in bad_id.stderr
     for cap in ("-1", "nan", "inf"):
         done = subprocess.run([*CLI, "profile", "run", "--device-id", "n1", "--model", "smallcnn", "--power-cap-w", cap], capture_output=True, text=True, timeout=120)
         assert done.returncode == ExitCode.usage and "a power cap is a finite number of watts above 0" in done.stderr
@@ -118,25 +131,44 @@ def test_jobs_lists_and_filters_by_state(store, redis_server, capsys) -> None:
     assert "old" in out and "new" not in out
 
 
-def test_cancel_stops_parts_that_are_not_running_and_requeue_refuses_a_cancelled_job(store, redis_server) -> None:
+def test_cancel_is_recorded_once_and_a_finished_job_is_left_as_it_is_with_exit_status_6(store, redis_server, capsys) -> None:
     job_in(store, "j1", PartState.profiling)
     client = EdgeTrainClient(redis_server.url)
     client.cancel("j1")
     assert client.cancel("j1").cancelled_at is not None  # twice is fine
     assert [e.kind for e in store.jobs.status("j1").events].count(EventKind.cancelled) == 1
-    with pytest.raises(ValueError, match="cancelled: submit it again"):
-        client.requeue("j1", "nano-1")
+    job_in(store, "done", PartState.completed)
+    before = store.jobs.status("done")
+    assert main(["cancel", "done", "--redis-url", redis_server.url]) == ExitCode.finished
+    assert "job done has already finished (completed): nothing to cancel" in capsys.readouterr().err
+    after = store.jobs.status("done")
+    assert after.cancelled_at is None and after.events == before.events
 
 
-def test_requeue_plans_a_failed_part_again(store, redis_server) -> None:
+def test_requeue_plans_a_failed_or_cancelled_part_again_and_says_what_to_do_otherwise(store, redis_server) -> None:
     job_in(store, "j1", PartState.failed)
     client = EdgeTrainClient(redis_server.url)
     client.requeue("j1", "nano-1")
     status = client.status("j1")
     assert status.parts["nano-1"].state == PartState.pending and status.parts["nano-1"].reason is None
     assert status.events[-1].kind == EventKind.requeued and store.jobs.device_jobs("nano-1") == ["j1"]
-    with pytest.raises(ValueError, match="only a failed or cancelled part is re-queued"):
+    with pytest.raises(ValueError, match="it is pending and goes on by itself"):
         client.requeue("j1", "nano-1")
+    job_in(store, "j2", PartState.completed)
+    with pytest.raises(ValueError, match="submit the job again to fine-tune anew"):
+        client.requeue("j2", "nano-1")
+    job_in(store, "j3", PartState.cancelled)
+    client.requeue("j3", "nano-1")  # a cancelled part too
+    assert client.status("j3").parts["nano-1"].state == PartState.pending
+
+
+def test_jobs_prune_deletes_old_finished_jobs_only(store, redis_server, capsys) -> None:
+    job_in(store, "done", PartState.failed)
+    job_in(store, "running", PartState.finetuning)
+    assert main(["jobs", "prune", "--older-than-days", "1", "--redis-url", redis_server.url]) == ExitCode.ok
+    assert store.jobs.job_ids() == ["done", "running"]
+    assert main(["jobs", "prune", "--older-than-days", "0", "--redis-url", redis_server.url, "--json"]) == ExitCode.ok
+    assert json.loads(capsys.readouterr().out) == ["done"] and store.jobs.job_ids() == ["running"]
 
 
 def test_a_spec_s_problems_are_all_reported_at_once() -> None:
@@ -149,8 +181,7 @@ def test_a_spec_s_problems_are_all_reported_at_once() -> None:
 
 
 def test_the_report_flags_a_peak_above_the_cap_and_tells_device_time_from_wall_time(store) -> None:
-    job_in(store, "j1", PartState.completed)
-    store.jobs.update_part("j1", "nano-1", {"report": report(peak_w=3.05)})
+    job_in(store, "j1", PartState.completed, run=report(peak_w=3.05))
     text = format_report(JobReport.from_status(store.jobs.status("j1")))
     assert "peak power 3.05 W ABOVE the 3.0 W cap" in text
     assert "device time 0.6 s (the twin's clock)" in text and "wall time on the worker 21 s" in text
@@ -158,9 +189,9 @@ def test_the_report_flags_a_peak_above_the_cap_and_tells_device_time_from_wall_t
 
 
 def test_the_report_says_why_edgetrain_kept_the_largest_batch(store) -> None:
-    job_in(store, "j1", PartState.completed)
     note = "kept b=128: b=16's gain 3% within uncertainty 5%"
-    store.jobs.update_part("j1", "nano-1", {"selection": SELECTION.model_copy(update={"batch_size": 128, "note": note})})
+    kept = SELECTION.model_copy(update={"batch_size": 128, "note": note})
+    job_in(store, "j1", PartState.completed, selection=kept, run=report().model_copy(update={"batch_size": 128}))
     lines = format_report(JobReport.from_status(store.jobs.status("j1"))).splitlines()
     assert lines[lines.index(next(line for line in lines if "edgetrain : b=128" in line)) + 1].strip() == note
 
@@ -202,8 +233,7 @@ def test_the_report_lists_switches_pauses_and_the_power_guard(store) -> None:
                      old_frequency_hz=614_400_000, new_batch_size=None, new_frequency_hz=None, note="power cap 1.00 W is below"),
     ]  # fmt: skip
     guard = PowerGuardReport(step_downs=2, step_ups=1, over_cap_s=0.12, peak_power_w=3.9, peak_over_cap_w=3.9)
-    job_in(store, "j1", PartState.completed)
-    store.jobs.update_part("j1", "nano-1", {"report": report().model_copy(update={"switches": switches, "guard": guard, "paused_s": 30.0})})
+    job_in(store, "j1", PartState.completed, run=report().model_copy(update={"switches": switches, "guard": guard, "paused_s": 30.0}))
     device = JobReport.from_status(store.jobs.status("j1")).devices[0]
     text = format_report(JobReport.from_status(store.jobs.status("j1")))
     assert device.over_cap  # the guard saw readings over the cap in force
@@ -211,3 +241,148 @@ def test_the_report_lists_switches_pauses_and_the_power_guard(store) -> None:
     assert "paused 30 s at idle clocks" in text
     assert "40.0 s  cap    cap 3.5 W: b=64 f=921.6 MHz -> b=32 f=614.4 MHz" in text
     assert "pause  cap 1 W: b=32 f=614.4 MHz -> paused (power cap 1.00 W is below)" in text
+
+
+def test_a_table_or_vector_that_no_longer_loads_is_one_line_and_is_set_aside(store, redis_server) -> None:
+    raw = redis.Redis(unix_socket_path=str(redis_server.socket))
+    raw.set(store.keys.table("jetson-nano:smallcnn:1x28x28"), b'{"batch_sizes": [16, 32, 64], "time_s": []}')
+    raw.set(store.keys.vector("k1"), b"{not json")
+    for args, key in ((["profile", "show", "jetson-nano", "smallcnn"], "table:jetson-nano:smallcnn:1x28x28"), (["vector", "show", "k1"], "vector:k1")):
+        done = subprocess.run([*CLI, *args, "--redis-url", redis_server.url], capture_output=True, text=True, timeout=120)
+        assert done.returncode == ExitCode.not_found and done.stdout == "", done.stderr
+        [line] = done.stderr.splitlines()
+        assert f"edgetrain:{key} no longer loads (" in line and f"set aside under edgetrain:set-aside:{key}:" in line
+    assert [r.key for r in store.resources.set_asides()] == [f"edgetrain:{k}" for k in ("table:jetson-nano:smallcnn:1x28x28", "vector:k1")]
+
+
+# ---------------------------------------------------------------- progress, fleet, exit statuses
+
+NANO = DeviceInfo(device_id="nano-1", device_type="jetson-nano", backend="sim", frequencies_hz=[76_800_000, 921_600_000],
+                  memory_bytes=2**32, simulated=True)  # fmt: skip
+
+
+def proxy_outcome(b: int, wall_s: float) -> TrainingOutcome:
+    return TrainingOutcome(batch_size=b, seed=0, samples_to_accuracy=3000, reached=True, final_accuracy=0.86,
+                           samples_processed=3072, evaluations=13, wall_s=wall_s)  # fmt: skip
+
+
+def proxy_running(b: int, samples: int, elapsed_s: float = 3.0) -> ProxyRunProgress:
+    start = utc_now()
+    return ProxyRunProgress(batch_size=b, seed=0, samples=samples, accuracy=0.712, target_accuracy=0.85, max_samples=40000,
+                            started_at=start, updated_at=start + timedelta(seconds=elapsed_s))  # fmt: skip
+
+
+def estimating(store, job_id: str) -> str:
+    """A job estimating its vector: b=4 done in 10 s, b=8 running; returns the vector's key."""
+    job_in(store, job_id, PartState.estimating)
+    key = vector_key(JobSpec.model_validate(quick_job()).estimation_request())
+    store.resources.put_vector_part(key, proxy_outcome(4, 10.0))
+    store.progress.put_proxy_run(key, proxy_running(8, 1536))
+    return key
+
+
+def test_status_says_how_far_the_estimation_is_per_batch_size_and_seed(store, redis_server, capsys) -> None:
+    key = estimating(store, "j1")
+    assert main(["status", "j1", "--redis-url", redis_server.url]) == ExitCode.ok
+    out = capsys.readouterr().out
+    assert "nano-1: estimating  proxy runs 1/6 done, 1 running, 4 waiting, about 47 s left" in out  # 10 s a run: 7 s left of b=8, 40 s of the 4 waiting
+    assert f"relation vector {key}: proxy runs 1/6 done" in out
+    for line in ("b=4 seed=0: done, N_b 3000 samples, 10 s", "b=8 seed=0: running, 1536 samples, accuracy 0.712 (target 0.85), 3 s",
+                 "b=16 seed=0: waiting", "b=128 seed=0: waiting"):  # fmt: skip
+        assert f"\n  {line}\n" in out, out
+    assert main(["status", "j1", "--json", "--redis-url", redis_server.url]) == ExitCode.ok
+    runs = json.loads(capsys.readouterr().out)["preparation"]["estimation"]["runs"]
+    assert [(r["batch_size"], r["state"], r["samples"]) for r in runs[:3]] == [(4, "done", 3072), (8, "running", 1536), (16, "waiting", None)]
+
+
+def test_status_says_how_far_profiling_is(store, redis_server, capsys) -> None:
+    job_in(store, "j1", PartState.profiling)
+    start = utc_now()
+    store.progress.put_profiling(ProfilingProgress(device_type="jetson-nano", model="smallcnn", mode="grid", points_measured=12,
+                                                   points_planned=72, started_at=start, updated_at=start + timedelta(seconds=6),
+                                                   device_id="nano-2"))  # fmt: skip
+    assert main(["status", "j1", "--redis-url", redis_server.url]) == ExitCode.ok
+    assert "nano-1: profiling  12 of 72 points measured on nano-2, about 30 s left  proxy runs 0/6 done" in capsys.readouterr().out
+    store.progress.put_profiling(store.progress.profiling("jetson-nano", "smallcnn").model_copy(update={"done": True}))
+    assert EdgeTrainClient(redis_server.url).status("j1").preparation.profiling == {}  # measured: nothing more to show
+
+
+def test_on_update_sees_each_change_of_an_estimation(store, redis_server) -> None:
+    key = estimating(store, "j1")
+    seen: list[JobStatus] = []
+    later = threading.Timer(0.6, lambda: store.progress.put_proxy_run(key, proxy_running(8, 2048)))
+    later.start()
+    with pytest.raises(TimeoutError):  # no worker runs it
+        EdgeTrainClient(redis_server.url).wait("j1", timeout_s=1.5, on_update=seen.append, poll_s=0.1)
+    later.join()
+    samples = [next(r.samples for r in s.preparation.estimation.runs if r.batch_size == 8) for s in seen]
+    assert samples == [1536, 2048]
+
+
+def test_fleet_lists_devices_and_live_workers(store, redis_server, capsys) -> None:
+    store.fleet.register(NANO, ttl_s=30, instance="i1")
+    store.liveness.heartbeat(WorkerInfo(node="control@host-a", role="control", queues=["control"], hostname="host-a", pid=11))
+    store.liveness.heartbeat(WorkerInfo(node="device-nano-1@host-b", role="device", queues=["device.nano-1"], hostname="host-b", pid=12))
+    assert main(["fleet", "--redis-url", redis_server.url]) == ExitCode.ok
+    out = capsys.readouterr().out
+    assert "devices (1 registered):\n  nano-1" in out and "workers (2 live):" in out
+    assert re.search(r"  control  +control@host-a +queues control +host host-a pid 11, heartbeat \d\d:\d\d:\d\d", out), out
+    assert main(["fleet", "--json", "--redis-url", redis_server.url]) == ExitCode.ok
+    fleet = json.loads(capsys.readouterr().out)
+    assert [d["device_id"] for d in fleet["devices"]] == ["nano-1"]
+    assert [(w["role"], w["node"], w["queues"], w["hostname"]) for w in fleet["workers"]] == [
+        ("control", "control@host-a", ["control"], "host-a"), ("device", "device-nano-1@host-b", ["device.nano-1"], "host-b")]
+    assert all(abs(datetime.fromisoformat(w["heartbeat_at"]) - utc_now()) < timedelta(seconds=30) for w in fleet["workers"])
+
+
+def test_a_fine_tune_that_ran_out_of_samples_says_target_not_reached(store, redis_server, capsys) -> None:
+    short = report().model_copy(update={"reached": False, "final_accuracy": 0.811, "samples_to_accuracy": None, "samples_processed": 40000})
+    job_in(store, "j1", PartState.completed, run=short)
+    status = EdgeTrainClient(redis_server.url).status("j1")
+    assert "accuracy 0.811 (target 0.85 not reached) after 40000 samples" in format_report(JobReport.from_status(status))
+    assert part_line(status, "nano-1").startswith("completed, target not reached")
+    assert completed_message(short, 0.85) == "completed, accuracy 0.811, target 0.85 not reached in 40000 samples"
+    assert main(["jobs", "--redis-url", redis_server.url]) == ExitCode.ok
+    assert "completed" in (out := capsys.readouterr().out) and "target not reached on 1 of 1" in out
+    assert job_exit_code(JobReport.from_status(status)) == ExitCode.failed
+    job_in(store, "j2", PartState.completed)
+    assert job_exit_code(JobReport.from_status(store.jobs.status("j2"))) == ExitCode.ok
+
+
+def test_a_cap_no_configuration_meets_exits_3_and_names_the_registered_device_type(store, redis_server) -> None:
+    reason = str(InfeasibleCapError(0.5, 3.4))
+    store.jobs.create("j1", JobSpec.model_validate(quick_job([{"device_id": "nano-1", "power_cap_w": 0.5}])))
+    drive_part(store, "j1", "nano-1", PartState.failed, reason=reason)  # failed by the planner: no type recorded
+    store.fleet.register(NANO, ttl_s=30, instance="i1")
+    job = EdgeTrainClient(redis_server.url).report("j1")
+    assert job_exit_code(job) == ExitCode.infeasible
+    assert "nano-1 [jetson-nano] power cap 0.5 W" in format_report(job)
+    store.jobs.create("j2", JobSpec.model_validate(quick_job([{"device_id": "nano-1", "power_cap_w": 0.5}])))
+    drive_part(store, "j2", "nano-1", PartState.failed, reason="unknown device 'nano-1'")
+    assert job_exit_code(EdgeTrainClient(redis_server.url).report("j2")) == ExitCode.failed
+
+
+def test_progress_to_a_pipe_is_one_line_per_event(store, redis_server) -> None:
+    estimating(store, "j1")
+    out = io.StringIO()
+    progress = JobProgress(Console(file=out, width=80))
+    status = EdgeTrainClient(redis_server.url).status("j1")
+    progress(status)
+    progress(status.model_copy(update={"notes": status.notes}))  # nothing new: nothing printed
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 + len(status.notes) and all(line.startswith("[") for line in lines), lines
+    assert max(map(len, lines)) > 80  # longer than the console, and still one line
+
+
+def test_submit_timeout_gives_up_with_exit_124_and_says_nothing_picks_the_job_up(store, redis_server, tmp) -> None:
+    spec = tmp / "job.json"
+    spec.write_text(json.dumps(quick_job([{"device_id": "nano-1", "power_cap_w": 3.0}])))
+    done = subprocess.run([*CLI, "submit", str(spec), "--timeout", "2", "--redis-url", redis_server.url],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == ExitCode.timed_out, done.stderr
+    job_id = done.stdout.strip()
+    assert f"nothing picks job {job_id} up until such a worker runs; --wait gives up after 2 s" in done.stderr
+    assert f"edgetrain: job {job_id} not finished after 2 s (it goes on; `edgetrain status {job_id}` follows it)" in done.stderr
+    lines = done.stderr.splitlines()  # a pipe: every event on one line, however long
+    assert all(line.startswith(("note: ", "edgetrain: ", "[")) for line in lines), lines
+    assert any(len(line) > 100 for line in lines)

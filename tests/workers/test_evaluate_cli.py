@@ -1,14 +1,26 @@
 """`edgetrain evaluate` refuses what cannot run before anything runs: exit status 2 and one
-message naming the field."""
+message naming the field; its board says how far profiling and estimation are."""
 
+import io
 import json
 import subprocess
 import sys
+from datetime import timedelta
+from io import StringIO
 
 import pytest
+import redis
+from rich.console import Console
 
+from edgetrain.common.evaluation import EvaluationSpec
+from edgetrain.common.keys import vector_key
+from edgetrain.common.progress import ProfilingProgress, ProxyRunProgress
+from edgetrain.common.schemas import DeviceInfo, utc_now
 from edgetrain.common.settings import get_settings
+from edgetrain.tasks.client import EdgeTrainClient
 from edgetrain.workers.cli import main as edgetrain_main
+from edgetrain.workers.evaluation_progress import EvaluationProgress
+from edgetrain.workers.evaluation_runner import _Evaluation
 
 TINY = {
     "model": "smallcnn",
@@ -89,3 +101,43 @@ def test_twins_must_be_served_by_the_configured_clusters_workers(tmp, redis_serv
     assert done.returncode == 2 and done.stdout == ""
     assert "devices.0.twin: no registered device simulates 'jetson-nano'" in done.stderr
     assert "--backend sim:jetson-nano" in done.stderr
+
+
+def test_a_stored_table_or_vector_that_no_longer_loads_is_one_progress_line_and_made_again(store, redis_server) -> None:
+    spec = EvaluationSpec.model_validate(TINY)
+    info = DeviceInfo(device_id="sim-nano", device_type="jetson-nano", backend="sim:jetson-nano", frequencies_hz=[1, 2],
+                      memory_bytes=4, simulated=True)  # fmt: skip
+    raw = redis.Redis(unix_socket_path=str(redis_server.socket))
+    raw.set(store.keys.table("jetson-nano:smallcnn:1x28x28"), b'{"batch_sizes": [16, 32, 64]}')
+    for goal in spec.goals():
+        raw.set(store.keys.vector(vector_key(spec.estimation_request(goal, spec.weights))), b"[")
+    out = io.StringIO()
+    evaluation = _Evaluation(EdgeTrainClient(redis_server.url), spec, [info], EvaluationProgress(Console(file=out)), 60)
+    _, tables = evaluation.request_tables()
+    _, vectors = evaluation.request_vectors(spec.weights)
+    assert list(tables) == ["jetson-nano:smallcnn:1x28x28"] and len(vectors) == 2  # profiled and estimated again
+    lines = [line for line in out.getvalue().splitlines() if "no longer loads" in line]
+    assert len(lines) == 3 and all("set aside under edgetrain:set-aside:" in line for line in lines), out.getvalue()
+    assert len(store.resources.set_asides()) == 3
+
+
+def test_the_board_says_how_far_estimation_and_profiling_are(tmp, redis_server, store) -> None:
+    spec = EvaluationSpec.model_validate(TINY)
+    nano = DeviceInfo(device_id="nano-9", device_type="jetson-nano", backend="sim", frequencies_hz=[76_800_000, 921_600_000],
+                      memory_bytes=2**32, simulated=True)  # fmt: skip
+    board = _Evaluation(EdgeTrainClient(redis_server.url), spec, [nano], EvaluationProgress(Console(file=StringIO())), 60.0)
+    _, tables = board.request_tables()  # sent to queues no worker consumes here: nothing runs
+    _, vectors = board.request_vectors(spec.weights)
+    start = utc_now()
+    store.progress.put_profiling(ProfilingProgress(device_type="jetson-nano", model="smallcnn", mode="grid", points_measured=6,
+                                                   points_planned=24, started_at=start, updated_at=start + timedelta(seconds=3),
+                                                   device_id="nano-9"))  # fmt: skip
+    (table,) = tables.values()
+    assert table.describe() == ("lookup table jetson-nano:smallcnn:1x28x28: profiling grid of batch sizes [16, 64] on nano-9: "
+                                "6 of 24 points measured on nano-9, about 9 s left")  # fmt: skip
+    key = vector_key(spec.estimation_request(spec.proxy, spec.weights))
+    store.progress.put_proxy_run(key, ProxyRunProgress(batch_size=64, seed=0, samples=768, accuracy=0.41, target_accuracy=0.8,
+                                                       max_samples=spec.max_samples, started_at=start,
+                                                       updated_at=start + timedelta(seconds=2)))  # fmt: skip
+    assert vectors["digits"].describe() == ("N_b on digits (proxy, to 0.8): proxy runs 0/2 done, 1 running, 1 waiting on the "
+                                            "server pool; b=64 seed=0: running, 768 samples, accuracy 0.410 (target 0.8), 2 s")  # fmt: skip

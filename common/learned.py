@@ -1,0 +1,224 @@
+"""Learning across jobs: what a completed fine-tune measured on its data (`FinetuneRecord`),
+and the relation vector such records give a later job (`learned_vector`).
+
+A fine-tune's curve from its first sample to its first switch is a *solo* run: training at one
+batch size from the starting weights. Measured with the proxy's runs, solo runs at different
+batch sizes from the same weights follow one loss curve stretched in samples (the samples a
+batch size needs to reach any test loss are a near-constant multiple of another's), so two
+solo curves on the same data give N_b / N_b' by matching their test losses
+(`warp_ratio`), even when one stopped early. A run that reached the target without switching
+gives its N_b outright. Records of the same data (model, weights, data identity, target
+accuracy, learning-rate rule: `learned_key`) so give the target's own N_b at every batch size
+some job ran; the proxy's vector fills in the others, scaled to them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import Field
+
+from .schemas import (
+    DatasetRef,
+    LearningRatePolicy,
+    RelationVector,
+    Strict,
+    VectorProvenance,
+    utc_now,
+)
+from .security import data_path
+
+MIN_MATCHED_LEVELS = 3  # test-loss levels two solo curves must share to give a ratio
+MIN_SOLO_EVALUATIONS = 4  # evaluations after the start a solo curve needs to be used
+
+
+class DataIdentity(Strict):
+    """Which data a fine-tune trained on: the registered dataset's name and fraction, and for
+    data read from a path, a digest of the path and of what is there (sizes, times)."""
+
+    name: str
+    fraction: float
+    path_digest: str | None = None
+
+
+def data_identity(ref: DatasetRef, roots: Sequence[Path] = ()) -> DataIdentity:
+    """The identity of `ref`'s data as seen from this host: for data at a path (inside the data
+    `roots`, as the loaders read it), what is there now (names, sizes, times; nothing is read)."""
+    if ref.path is None:
+        return DataIdentity(name=ref.name, fraction=ref.fraction)
+    digest = hashlib.sha256(ref.path.encode())
+    path = data_path(ref.path, roots)
+    entries = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+    for entry in entries:
+        stat = entry.stat()
+        digest.update(f"{os.path.relpath(entry, path)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return DataIdentity(name=ref.name, fraction=ref.fraction, path_digest=digest.hexdigest()[:24])
+
+
+class Segment(Strict):
+    """A stretch of a fine-tune at one batch size, with the evaluations in it: (samples, test
+    accuracy, test loss in nats or None) from the one at its start to the one at its end."""
+
+    batch_size: int
+    frequency_hz: int = Field(description="the frequency it began at (the cap and the guard may move it)")
+    start_samples: int = Field(ge=0)
+    end_samples: int = Field(ge=0)
+    device_time_s: float = Field(ge=0, description="device time spent in the segment (s)")
+    curve: list[tuple[int, float, float | None]] = Field(default_factory=list)
+
+
+class FinetuneRecord(Strict):
+    """What a completed fine-tune measured on the device's own data."""
+
+    record_id: str = Field(description="<job id>:<device id>")
+    model: str
+    weights: str
+    data: DataIdentity
+    target_accuracy: float
+    lr: LearningRatePolicy
+    eval_every_samples: int
+    device_type: str
+    power_cap_w: float | None = Field(description="the cap in force at the start (W; None = no cap)")
+    seed: int
+    segments: list[Segment] = Field(min_length=1)
+    reached: bool
+    samples_to_accuracy: int | None
+    prior_key: str | None = Field(None, description="the vector the fine-tune started from")
+    posterior: RelationVector | None = Field(None, description="the closed loop's vector at the end")
+    created_at: datetime = Field(default_factory=utc_now)
+
+    @property
+    def batch_sizes_tried(self) -> list[int]:
+        """Every batch size the fine-tune trained with, sorted."""
+        return sorted({s.batch_size for s in self.segments})
+
+    def solo_curve(self) -> tuple[int, list[tuple[int, float]]] | None:
+        """(batch size, [(samples, test loss)]) of the first segment when it starts at sample 0
+        and has test losses: training at one batch size from the starting weights."""
+        first = self.segments[0]
+        points = [(n, loss) for n, _, loss in first.curve if loss is not None]
+        if first.start_samples or len(points) <= MIN_SOLO_EVALUATIONS:
+            return None
+        return first.batch_size, points
+
+    def solo_samples(self) -> tuple[int, int] | None:
+        """(batch size, N_b) when the fine-tune reached the target at the one batch size it started with."""
+        if not self.reached or self.samples_to_accuracy is None or len({s.batch_size for s in self.segments}) > 1:
+            return None
+        return self.segments[0].batch_size, self.samples_to_accuracy
+
+
+class _Envelope:
+    """The running minimum of a solo curve's test loss: samples where it first reaches a loss."""
+
+    def __init__(self, curve: list[tuple[int, float]]):
+        self.samples, self.losses = [curve[0][0]], [curve[0][1]]
+        for n, loss in curve[1:]:
+            if loss < self.losses[-1]:
+                self.samples.append(n)
+                self.losses.append(loss)
+        self._ascending = self.losses[::-1]
+
+    def samples_at(self, loss: float) -> float | None:
+        """Samples where the running minimum first reaches `loss`, linearly interpolated
+        between evaluations; None when it never does."""
+        if loss < self.losses[-1]:
+            return None
+        k = len(self.losses) - bisect.bisect_right(self._ascending, loss)  # the first index with losses[k] <= loss
+        if k == 0:
+            return float(self.samples[0])
+        n0, l0, n1, l1 = self.samples[k - 1], self.losses[k - 1], self.samples[k], self.losses[k]
+        return n0 + (l0 - loss) / (l0 - l1) * (n1 - n0)
+
+
+def warp_ratio(curve: list[tuple[int, float]], reference: list[tuple[int, float]]) -> float | None:
+    """N_b / N_ref from two solo curves [(samples, test loss)] on the same data and weights: the
+    median, over the test losses `curve` reaches after its first two evaluations that
+    `reference` also reaches, of the ratio of the samples each needed. None with fewer than
+    MIN_MATCHED_LEVELS shared levels."""
+    mine, theirs = _Envelope(curve), _Envelope(reference)
+    ratios = []
+    for n, loss in curve[2:]:
+        m, k = theirs.samples_at(loss), mine.samples_at(loss)
+        if m and k and n > 0:
+            ratios.append(k / m)
+    return statistics.median(ratios) if len(ratios) >= MIN_MATCHED_LEVELS else None
+
+
+def _relative_samples(records: list[FinetuneRecord]) -> dict[int, list[float]]:
+    """Per batch size, N_b on the records' data relative to one reference run (log-consistent):
+    solo N_b where a run reached the target at one batch size, and solo curves matched to the
+    longest solo curve of a run that reached it (or of any)."""
+    solos = [(r, c) for r in records if (c := r.solo_curve()) is not None]
+    if not solos:
+        return {}
+    full = [(r, c) for r, c in solos if r.solo_samples() is not None]
+    anchor_record, (_, anchor_curve) = max(full or solos, key=lambda rc: rc[1][1][-1][0])
+    anchor_solo = anchor_record.solo_samples()
+    anchor_n = float(anchor_solo[1] if anchor_solo else anchor_curve[-1][0])  # without a full run the scale is arbitrary
+    values: dict[int, list[float]] = {}
+    for record, (b, curve) in solos:
+        if (solo := record.solo_samples()) is not None and full:
+            values.setdefault(b, []).append(float(solo[1]))
+        elif record is anchor_record:
+            values.setdefault(b, []).append(anchor_n)
+        elif (ratio := warp_ratio(curve, anchor_curve)) is not None:
+            values.setdefault(b, []).append(anchor_n * ratio)
+    return values
+
+
+def learned_vector(records: list[FinetuneRecord], prior: RelationVector, similar: bool = False) -> RelationVector | None:
+    """The relation vector that `records` (of one data key) give, over `prior`'s batch sizes:
+    N_b measured where the records have it (mean over records), elsewhere the prior's N_b
+    scaled by the geometric mean of measured / prior over the batch sizes both have (the
+    prior's r_b when it has no N_b). `similar`: the records are of other data of the same
+    kind (another fraction or target accuracy), so each N_b is the geometric mean of the
+    learned and the scaled prior's. None unless the records measured two batch sizes or more
+    (one says nothing about how N_b changes with b)."""
+    measured = {b: v for b, v in _relative_samples(records).items() if b in prior.batch_sizes}
+
+    def prior_n(b: int) -> float | None:
+        return prior.samples_for(b) if prior.samples_mean is not None else prior.ratio(b)
+
+    shared = [b for b in measured if prior_n(b)]
+    if len(measured) < 2 or not shared:
+        return None
+    scale = math.exp(statistics.fmean(math.log(statistics.fmean(measured[b]) / prior_n(b)) for b in shared))  # type: ignore[operator]
+    means: list[float | None] = []
+    stds: list[float | None] = []
+    for b in prior.batch_sizes:
+        n = prior_n(b)
+        if b in measured:
+            learned = statistics.fmean(measured[b])
+            means.append(math.sqrt(learned * n * scale) if similar and n else learned)
+            stds.append(statistics.stdev(measured[b]) if len(measured[b]) > 1 and not similar else None)
+        else:
+            means.append(None if n is None else n * scale)
+            stds.append(None)
+    reached = [(b, n) for b, n in zip(prior.batch_sizes, means) if n is not None]
+    reference_b, reference_n = reached[-1]
+    tried = sorted(measured)
+    kind = "similar data (blended with the prior)" if similar else "this data"
+    rest = "" if len(tried) == len(reached) else f"; the other batch sizes from the prior {prior.key or ''} scaled to them"
+    summary = f"learned from {len(records)} fine-tune record(s) of {kind}: N_b measured on the device's data at b={tried}{rest}"
+    return RelationVector(
+        batch_sizes=prior.batch_sizes,
+        ratios=[None if n is None else n / reference_n for n in means],
+        samples_mean=means,
+        samples_std=stds,
+        censored=[n is None for n in means],
+        resolution_samples=max(r.eval_every_samples for r in records),
+        reference_batch_size=reference_b,
+        request=prior.request,
+        provenance=VectorProvenance(
+            source="learned", summary=summary, prior_key=prior.key, records=[r.record_id for r in records],
+            measured_batch_sizes=[] if similar else tried,
+        ),
+    )

@@ -1,0 +1,94 @@
+"""What monitoring reads and counts: counters of events (tasks handed on, retries), jobs with
+their parts and progress in a few round trips, queue lengths, and the master the store ran on
+last (behind Redis Sentinel)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from ..jobs import DevicePart, FinetuneProgress, JobRecord
+from ..keys import Keys
+from .connection import master_address, text, texts
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as monitoring sees it: its record, each device's part and the progress of its
+    running fine-tunes."""
+
+    record: JobRecord
+    parts: dict[str, DevicePart]
+    progress: dict[str, FinetuneProgress]
+
+
+class Monitoring:
+    """Counters and the bulk reads of the metrics exporter and `edgetrain doctor`."""
+
+    def __init__(self, client: redis.Redis, keys: Keys):
+        self._redis, self._keys = client, keys
+
+    def count(self, name: str, label: str, by: int = 1) -> None:
+        """Add `by` to counter `name` under `label` (e.g. tasks handed on, by worker role)."""
+        self._redis.hincrby(self._keys.counter(name), label, by)
+
+    def counts(self, name: str) -> dict[str, int]:
+        """Counter `name` by label (an empty dict before the first count)."""
+        counts: dict[str, str] = self._redis.hgetall(self._keys.counter(name))  # type: ignore[assignment]  # decoded replies
+        return {label: int(value) for label, value in counts.items()}
+
+    def last_seen(self) -> dict[str, float]:
+        """Every device ever registered -> its last heartbeat (Redis time, s since the epoch)."""
+        seen: list[tuple[str, float]] = self._redis.zrange(self._keys.fleet_seen(), 0, -1, withscores=True)  # type: ignore[assignment]
+        return dict(seen)
+
+    def unfinished_jobs(self) -> set[str]:
+        """Every job with an unfinished part on a device ever registered."""
+        devices = list(self.last_seen())
+        return set(texts(self._redis.sunion([self._keys.device_jobs(d) for d in devices]))) if devices else set()
+
+    def job_ids(self, newest: int) -> list[str]:
+        """The newest `newest` (> 0) jobs, then every older job with an unfinished part, newest first."""
+        recent = texts(self._redis.zrevrange(self._keys.jobs(), 0, newest - 1))
+        older = sorted(self.unfinished_jobs() - set(recent))
+        scores = self._redis.zmscore(self._keys.jobs(), older) if older else []
+        return recent + [j for _, j in sorted(((s or 0.0, j) for s, j in zip(scores, older)), reverse=True)]
+
+    def jobs(self, job_ids: list[str]) -> list[JobView]:
+        """The jobs of `job_ids` that exist, in that order (two round trips)."""
+        raws = self._redis.mget([self._keys.job(j) for j in job_ids]) if job_ids else []
+        records = [JobRecord.model_validate_json(raw) for raw in raws if raw]
+        with self._redis.pipeline(transaction=False) as p:
+            for r in records:
+                ids = [d.device_id for d in r.spec.devices]
+                p.mget([self._keys.part(r.job_id, d) for d in ids])
+                p.mget([self._keys.progress(r.job_id, d) for d in ids])
+            replies = p.execute()
+        views = []
+        for i, r in enumerate(records):
+            ids = [d.device_id for d in r.spec.devices]
+            parts, progress = replies[2 * i : 2 * i + 2]
+            views.append(JobView(
+                record=r,
+                parts={d: DevicePart.model_validate_json(raw) for d, raw in zip(ids, parts) if raw},
+                progress={d: FinetuneProgress.model_validate_json(raw) for d, raw in zip(ids, progress) if raw},
+            ))  # fmt: skip
+        return views
+
+    def queue_lengths(self, queues: list[str]) -> dict[str, int]:
+        """Messages waiting in each broker queue (Celery's Redis transport: a list per queue)."""
+        with self._redis.pipeline(transaction=False) as p:
+            for q in queues:
+                p.llen(q)
+            return {q: int(n) for q, n in zip(queues, p.execute())}
+
+    def note_master(self) -> tuple[str, str] | None:
+        """Behind Sentinel: record the master the store runs on now; (previous, current) when it
+        moved since the last note, for exactly one caller. None without Sentinel, on the first
+        note, and while it stays."""
+        current = master_address(self._redis)
+        if current is None:
+            return None
+        previous = text(self._redis.getset(self._keys.store_master(), current))
+        return (previous, current) if previous is not None and previous != current else None

@@ -1,0 +1,220 @@
+"""The closed loop on replayed evidence: solo curves of the time-warp model (test loss
+2 exp(-p / P0), where the progress p grows by e_b per sample at batch size b), a replayed table
+(SIMULATED time and power), and the adaptive control that follows caps."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from edgetrain.common.adaptive import AdaptiveControl, CapFollower
+from edgetrain.common.closed_loop import ClosedLoop, LoopSettings, Posterior, RecordIdentity, loop_strategy, starting_vector
+from edgetrain.common.devices.base import Measurement
+from edgetrain.common.learned import DataIdentity, FinetuneRecord, Segment, learned_vector
+from edgetrain.common.schemas import DeviceTarget, LearningRatePolicy, ProfileTable, RelationVector
+from edgetrain.common.selection import Equation4, Robust
+from edgetrain.common.testing.devices import RecordedDevice
+from edgetrain.common.training import train_to_accuracy
+
+# at 200 Hz every batch size is under 4 W; under 3.2 W, b=8 runs at 200 Hz and b=32 at 100 Hz
+TABLE = ProfileTable(
+    batch_sizes=[8, 32, 128], frequencies_hz=[100, 200], samples=1000,
+    time_s=[[2.0, 1.0], [1.3, 1.1], [2.4, 1.2]], peak_power_w=[[2.0, 3.0], [2.5, 3.5], [3.0, 4.0]], max_batch_size=128,
+)  # fmt: skip
+PRIOR = RelationVector(batch_sizes=[8, 32, 128], ratios=[0.6, 0.8, 1.0], samples_mean=[6000.0, 8000.0, 10000.0],
+                       samples_std=[300.0, 400.0, 500.0], key="proxy")  # fmt: skip
+TRUTH = {8: 1.0, 32: 1 / 0.7, 128: 1.0}  # e_b on the device's data: b=32 needs 0.7 of b=8's samples
+P0, TARGET = 2000.0, 0.99  # the target is reached at p = P0 ln 100
+POLICY = LearningRatePolicy()
+IDENTITY = RecordIdentity("job:dev", "m", "init:0", DataIdentity(name="d", fraction=1.0), TARGET, POLICY, 256, "recorded", 0)
+
+
+def loss_at(p: float) -> float:
+    return 2.0 * math.exp(-p / P0)
+
+
+class WarpTrainer:
+    """A trainer of the time-warp model: each step adds e_b * b to the progress."""
+
+    def __init__(self, batch_size: int, efficiency: dict[int, float] = TRUTH):
+        self.batch_size, self.efficiency = batch_size, efficiency
+        self.samples = self.steps = 0
+        self.progress = 0.0
+        self.test_loss: float | None = None
+        self.optimizer = SimpleNamespace(param_groups=[{"lr": 0.0}])
+
+    def step(self) -> None:
+        self.progress += self.efficiency[self.batch_size] * self.batch_size
+        self.samples += self.batch_size
+        self.steps += 1
+
+    def evaluate(self) -> float:
+        self.test_loss = loss_at(self.progress)
+        return 1 - self.test_loss / 2
+
+
+def solo_record(b: int, record_id: str, samples: int | None = None, efficiency: float | None = None) -> FinetuneRecord:
+    """A fine-tune that ran at `b` from the start: to the target, or stopped after `samples`."""
+    e = efficiency or TRUTH[b]
+    n_target = P0 * math.log(100) / e
+    end = samples or int(n_target) + 256
+    curve = [(n, 1 - loss_at(e * n) / 2, loss_at(e * n)) for n in range(0, end + 1, 256)]
+    return FinetuneRecord(
+        record_id=record_id, model="m", weights="init:0", data=IDENTITY.data, target_accuracy=TARGET, lr=POLICY,
+        eval_every_samples=256, device_type="recorded", power_cap_w=None, seed=0,
+        segments=[Segment(batch_size=b, frequency_hz=200, start_samples=0, end_samples=end, device_time_s=1.0, curve=curve)],
+        reached=samples is None, samples_to_accuracy=None if samples else round(n_target),
+    )  # fmt: skip
+
+
+class ReplayDevice(RecordedDevice):
+    """The replayed table's time and power for steps that really run."""
+
+    def run_steps(self, step, batch_size, steps):
+        for _ in range(steps):
+            step()
+        return super().run_steps(step, batch_size, steps)
+
+
+def run_loop(records: list[FinetuneRecord], target: DeviceTarget | None = None, settings: LoopSettings | None = None,
+             max_samples: int = 20_000, efficiency: dict[int, float] = TRUTH):  # fmt: skip
+    target = target or DeviceTarget(device_id="d")
+    strategy = loop_strategy(starting_vector(PRIOR, records, []), Equation4(PRIOR))
+    first = strategy.choose(TABLE, target.cap_at(0))
+    trainer = WarpTrainer(first.batch_size, efficiency)
+    device = ReplayDevice(TABLE)
+    device.set_frequency(first.frequency_hz)
+    adaptive = AdaptiveControl(device, trainer, POLICY, TABLE, strategy, CapFollower(target, lambda: None, poll_s=0.0),  # type: ignore[arg-type]
+                               target.cap_at(0), first.frequency_hz)  # fmt: skip
+    loop = ClosedLoop(adaptive, PRIOR, records, IDENTITY, settings)
+    outcome, totals = train_to_accuracy(trainer, TARGET, 256, max_samples, 0, device, control=loop)  # type: ignore[arg-type]
+    return loop, adaptive, outcome, totals, first
+
+
+def test_the_loop_switches_to_what_the_device_data_shows_is_faster_and_says_why() -> None:
+    # an earlier fine-tune on this data ran b=32 to the target; the prior (proxy) says b=8 is fastest
+    loop, adaptive, outcome, totals, first = run_loop([solo_record(32, "earlier")])
+    assert (first.batch_size, first.frequency_hz) == (8, 200)  # one measured batch size: the prior decides the start
+    [switch] = adaptive.switches
+    assert (switch.cause, switch.old_batch_size, switch.new_batch_size, switch.new_frequency_hz) == ("evidence", 8, 32, 200)
+    assert "b=[8, 32]" in switch.note and "% faster than b=8" in switch.note
+    gain = int(switch.note.split("b=32 predicted ")[1].split("%")[0])
+    assert 25 <= gain <= 35  # the truth: 1 / (1.1 s x 0.7) = 1.30
+    assert switch.samples == 4 * 256  # after the minimum dwell of 4 evaluations, the first at which it could match 3 levels
+    assert loop.posterior is not None and loop.posterior.ratio(32) == pytest.approx(0.7 * loop.posterior.ratio(8), rel=0.02)
+    assert outcome.reached
+    # the same run without evidence stays at the prior's choice and takes longer on the device
+    _, alone, _, totals_alone, _ = run_loop([])
+    assert alone.switches == [] and totals.elapsed_s < 0.85 * totals_alone.elapsed_s
+
+
+def test_a_second_job_on_the_same_data_starts_at_the_measured_best_and_never_switches() -> None:
+    records = [solo_record(8, "one"), solo_record(32, "two")]
+    loop, adaptive, outcome, _, first = run_loop(records)
+    assert (first.batch_size, first.frequency_hz) == (32, 200)
+    assert adaptive.switches == [] and loop.decisions == [] and outcome.reached
+    start = starting_vector(PRIOR, records, [])
+    assert start.provenance is not None and start.provenance.source == "learned"
+    assert start.provenance.measured_batch_sizes == [8, 32] and start.provenance.records == ["one", "two"]
+
+
+def test_small_predicted_gains_dwell_and_the_switch_budget_prevent_switching() -> None:
+    nearly = {8: 1.0, 32: 1.1 * 1.08, 128: 1.0}  # b=32 8 % faster than b=8 (1.1 s per 1000 samples against 1.0 s)
+    loop, adaptive, *_ = run_loop([solo_record(32, "earlier", efficiency=nearly[32])], efficiency=nearly)
+    assert adaptive.switches == [] and loop.posterior is not None  # evidence seen, gain under the 10 % hysteresis
+    loop, adaptive, *_ = run_loop([solo_record(32, "earlier", efficiency=nearly[32])], efficiency=nearly,
+                                  settings=LoopSettings(hysteresis=0.05))  # fmt: skip
+    assert [s.new_batch_size for s in adaptive.switches] == [32]
+    loop, adaptive, *_ = run_loop([solo_record(32, "earlier")], settings=LoopSettings(max_switches=0))
+    assert adaptive.switches == [] and loop.decisions == []
+    loop, adaptive, *_ = run_loop([solo_record(32, "earlier")], settings=LoopSettings(min_dwell_evaluations=12))
+    assert [s.samples for s in adaptive.switches] == [12 * 256]
+
+
+def test_evidence_is_the_first_segment_so_a_switch_is_never_undone_by_later_noise() -> None:
+    # records that disagree with the running curve: it leaves b=8 once, and its evidence (the solo
+    # curve up to the switch and the records) stays fixed after that, however many switches it may make
+    records = [solo_record(32, "a", samples=2048, efficiency=1.6), solo_record(128, "b", efficiency=2.0)]
+    loop, adaptive, outcome, *_ = run_loop(records, settings=LoopSettings(max_switches=5))
+    assert [(s.cause, s.old_batch_size, s.new_batch_size) for s in adaptive.switches] == [("evidence", 8, 128)]
+    assert loop.switches == 1 and outcome.reached
+
+
+def test_a_cap_change_after_an_evidence_switch_selects_with_the_posterior() -> None:
+    target = DeviceTarget(device_id="d", power_cap_schedule=[[0.0, None], [2.0, 3.2]])
+    loop, adaptive, outcome, _, _ = run_loop([solo_record(32, "earlier")], target=target)
+    causes = [(s.cause, s.new_batch_size, s.new_frequency_hz) for s in adaptive.switches]
+    assert causes == [("evidence", 32, 200), ("cap", 32, 100)]
+    # the prior alone would have moved to b=8 at 200 Hz under 3.2 W
+    assert Equation4(PRIOR).choose(TABLE, 3.2).batch_size == 8
+    assert outcome.reached
+
+
+class HotDevice(ReplayDevice):
+    """Reads 5 % over the table from the first step: the power guard steps the frequency down."""
+
+    def run_steps(self, step, batch_size, steps):
+        m = super().run_steps(step, batch_size, steps)
+        return Measurement(m.steps, m.batch_size, m.elapsed_s, m.energy_j, m.peak_power_w * 1.05, m.mean_power_w, True)
+
+
+def test_the_loop_never_undoes_the_power_guard() -> None:
+    # at 3.6 W b=32 runs at 200 Hz (3.5 W in the table); the device reads 3.675 W, so the guard
+    # steps down to 100 Hz and stays there; the loop, which sees b=32 as best, leaves the frequency alone
+    records = [solo_record(8, "one"), solo_record(32, "two")]
+    strategy = loop_strategy(starting_vector(PRIOR, records, []), Equation4(PRIOR))
+    first = strategy.choose(TABLE, 3.6)
+    trainer, device = WarpTrainer(first.batch_size), HotDevice(TABLE)
+    device.set_frequency(first.frequency_hz)
+    adaptive = AdaptiveControl(device, trainer, POLICY, TABLE, strategy, CapFollower(DeviceTarget(device_id="d", power_cap_w=3.6),  # type: ignore[arg-type]
+                               lambda: None, poll_s=0.0), 3.6, first.frequency_hz)  # fmt: skip
+    loop = ClosedLoop(adaptive, PRIOR, records, IDENTITY)
+    outcome, totals = train_to_accuracy(trainer, TARGET, 256, 20_000, 0, device, control=loop)  # type: ignore[arg-type]
+    assert (first.batch_size, first.frequency_hz) == (32, 200)
+    assert [(s.cause, s.new_frequency_hz) for s in adaptive.switches] == [("guard", 100)]
+    assert loop.decisions == [] and loop.posterior is not None and outcome.reached
+    record = loop.finish(totals, outcome)  # one batch size throughout: a solo run, whatever the guard did
+    assert [(s.batch_size, s.frequency_hz) for s in record.segments] == [(32, 200)] and record.solo_samples() == (32, outcome.samples_to_accuracy)
+
+
+def test_posterior_keeps_the_best_measured_batch_size_unless_an_unmeasured_one_wins_by_the_margin() -> None:
+    vector = RelationVector(batch_sizes=[8, 32, 128], ratios=[0.9, 0.8, 0.5])
+    assert Posterior(vector, frozenset({8, 32})).choose(TABLE, None).batch_size == 128  # 0.6 s against 0.88 s
+    close = RelationVector(batch_sizes=[8, 32, 128], ratios=[0.9, 0.8, 0.72])
+    kept = Posterior(close, frozenset({8, 32}), margin=0.05).choose(TABLE, None)
+    assert kept.batch_size == 32 and "within 5%" in (kept.note or "")
+    assert loop_strategy(PRIOR, Robust(PRIOR)) == Robust(PRIOR)  # a proxy's vector: the job's own strategy
+
+
+def test_the_record_keeps_every_segment_with_its_curve() -> None:
+    loop, adaptive, outcome, totals, _ = run_loop([solo_record(32, "earlier")])
+    record = loop.finish(totals, outcome)
+    assert [(s.batch_size, s.start_samples) for s in record.segments] == [(8, 0), (32, 1024)]
+    assert record.segments[0].curve[0][0] == 0 and record.segments[1].curve[0][0] == 1024
+    assert record.segments[-1].end_samples == outcome.samples_processed and record.reached
+    assert record.solo_curve() is not None and record.solo_curve()[0] == 8  # type: ignore[index]
+    assert record.solo_samples() is None  # it switched: its N is not a solo N_b
+    assert sum(s.device_time_s for s in record.segments) == pytest.approx(totals.elapsed_s)
+    assert learned_vector([solo_record(32, "earlier"), record], PRIOR) is not None
+
+
+def test_reselect_switches_for_evidence_only_when_the_configuration_changes_and_waits_while_paused() -> None:
+    from edgetrain.common.training import DeviceTotals
+
+    trainer, device = WarpTrainer(8), ReplayDevice(TABLE)
+    device.set_frequency(200)
+    target = DeviceTarget(device_id="d", power_cap_w=1.0, power_cap_schedule=[[0.0, None]])
+    adaptive = AdaptiveControl(device, trainer, POLICY, TABLE, Equation4(PRIOR), CapFollower(target, lambda: None, poll_s=0.0),  # type: ignore[arg-type]
+                               None, 200)  # fmt: skip
+    run = DeviceTotals()
+    adaptive.reselect(run, Equation4(PRIOR), "same choice")  # b=8 at 200 Hz already
+    assert adaptive.switches == []
+    favour_32 = RelationVector(batch_sizes=[8, 32, 128], ratios=[1.0, 0.5, 1.0])
+    adaptive.reselect(run, Equation4(favour_32), "the evidence")
+    [switch] = adaptive.switches
+    assert (switch.cause, switch.new_batch_size, switch.note) == ("evidence", 32, "the evidence") and trainer.batch_size == 32
+    adaptive.cap_w, adaptive.paused = 1.0, "cap too low"
+    adaptive.reselect(run, Equation4(PRIOR), "while paused")
+    assert len(adaptive.switches) == 1 and adaptive.strategy == Equation4(PRIOR)  # adopted for the resume

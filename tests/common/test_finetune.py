@@ -1,0 +1,122 @@
+"""The fine-tune recipe (common/finetune.py) without Celery or Redis: real training of the small
+CNN on a Nano twin (SIMULATED), with a writer that records what the run writes and answers as
+the store would (the attempt holds its part, the job is cancelled, another attempt took over)."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
+from edgetrain.common.finetune import Cancelled, FineTune, Options, Stopping, Superseded
+from edgetrain.common.jobs import CheckpointRef, EventKind
+from edgetrain.common.payloads import finetune_request
+from edgetrain.common.presets import quick_job
+from edgetrain.common.schemas import JobSpec, Selection
+from edgetrain.common.store import Written
+
+TWIN = load_twin("jetson-nano")
+TOP = TWIN.frequencies_hz[-1]
+SPEC = JobSpec.model_validate(quick_job([{"device_id": "d1", "power_cap_w": 5.0, "dataset": {"name": "mnist5k", "fraction": 0.2}}],
+                                        target_accuracy=0.999, max_samples=512, eval_every_samples=128))  # fmt: skip
+
+
+def request(batch_size: int = 32):
+    choice = Selection(batch_size=batch_size, frequency_hz=TOP, estimated_time_s=1.0, peak_power_w=None)
+    return finetune_request("j1", SPEC, SPEC.devices[0], choice, "none", "none")
+
+
+class Writer:
+    """Records every write; answers `Written.ok` until `answer_from` writes were made, then `answer`
+    (for checkpoint writes only, when `checkpoints_only`)."""
+
+    def __init__(self, answer: Written = Written.ok, answer_from: int = 0, checkpoints_only: bool = False):
+        self.answer, self.answer_from, self.checkpoints_only = answer, answer_from, checkpoints_only
+        self.writes: list[tuple] = []
+
+    def write(self, progress=None, checkpoint=None, event=None) -> Written:
+        self.writes.append((progress, checkpoint, event))
+        due = len(self.writes) > self.answer_from and (checkpoint is not None or not self.checkpoints_only)
+        return self.answer if due else Written.ok
+
+    def notice(self, notice):
+        return Written.ok
+
+    def checkpoints(self) -> list[CheckpointRef]:
+        return [c for _, c, _ in self.writes if c is not None]
+
+    def events(self) -> list[tuple]:
+        return [e for _, _, e in self.writes if e is not None]
+
+
+def run(writer: Writer, tmp_path, batch_size: int = 32, checkpoint: CheckpointRef | None = None, **options):
+    device = SimulatedDevice(TWIN, seed=0)
+    recipe = FineTune(request(batch_size), device, writer, Options(attempt="a" * 32, artifact_dir=tmp_path, **options))
+    recipe.setup(checkpoint)
+    return recipe, device
+
+
+def files(tmp_path) -> list[str]:
+    return sorted(p.name for p in tmp_path.glob("checkpoint-*"))
+
+
+def test_a_run_reports_every_configuration_that_ran_and_its_progress(tmp_path) -> None:
+    writer = Writer()
+    recipe, _ = run(writer, tmp_path)
+    report = recipe.run()
+    assert not report.reached and report.samples_processed == 512 and report.simulated
+    assert [(c.batch_size, c.frequency_hz) for c in report.configurations] == [(32, TOP)]
+    assert report.configurations[0].samples == 512
+    assert report.configurations[0].device_time_s == pytest.approx(report.device_time_s)
+    progress = [p.samples for p, _, _ in writer.writes if p is not None]
+    assert progress == [0, 128, 256, 384, 512]  # an evaluation before training, then every 128 samples
+
+
+def test_a_cancel_checkpoints_then_stops_and_a_new_attempt_continues_with_the_dispatched_batch_size(tmp_path) -> None:
+    writer = Writer(Written.cancel, answer_from=3)  # (an event, progress at 0 and 128, then) the evaluation at 256 learns of it
+    recipe, device = run(writer, tmp_path, check_every_s=3600)
+    with pytest.raises(Cancelled, match="cancelled after 256 samples"):
+        recipe.run()
+    (kept,) = writer.checkpoints()
+    assert kept.samples == 256 and files(tmp_path) == [f"checkpoint-j1-d1-{'a' * 12}.pt"]
+    assert device.current_frequency() == TOP  # restored (the twin's default is its top clock)
+    again = Writer()
+    device = SimulatedDevice(TWIN, seed=0)
+    resumed = FineTune(request(64), device, again, Options(attempt="b" * 32, artifact_dir=tmp_path, checkpoint_every_s=0))
+    resumed.setup(kept)
+    report = resumed.run()
+    assert report.samples_processed == 512 and [(c.batch_size, c.samples) for c in report.configurations] == [(64, 256)]
+    assert files(tmp_path) == [f"checkpoint-j1-d1-{'b' * 12}.pt"]  # the new attempt's replaced the old one
+
+
+def test_an_attempt_that_no_longer_holds_its_part_stops_and_leaves_no_checkpoint(tmp_path) -> None:
+    writer = Writer(Written.stale, checkpoints_only=True)
+    recipe, _ = run(writer, tmp_path, checkpoint_every_s=0)
+    with pytest.raises(Superseded, match="another attempt holds its part"):
+        recipe.run()
+    assert files(tmp_path) == [] and len(writer.checkpoints()) == 1
+    gone = Writer(Written.gone)
+    recipe, _ = run(gone, tmp_path)
+    with pytest.raises(Superseded, match="no longer in the store"):
+        recipe.run()
+    assert len(gone.writes) == 1  # nothing after the first refused write
+
+
+def test_a_shutting_down_worker_checkpoints_and_stops(tmp_path) -> None:
+    asked = []
+    writer = Writer()
+    recipe, _ = run(writer, tmp_path, stop_requested=lambda: "its worker is shutting down" if len(asked.append(1) or asked) > 4 else None)
+    with pytest.raises(Stopping, match="its worker is shutting down after"):
+        recipe.run()
+    assert writer.checkpoints() and files(tmp_path)
+
+
+def test_a_checkpoint_that_cannot_be_written_is_a_warning_once_and_the_run_goes_on(tmp_path) -> None:
+    not_a_folder = tmp_path / "full"
+    not_a_folder.write_text("a file where the artifact folder should be")
+    writer = Writer()
+    recipe, _ = run(writer, not_a_folder, checkpoint_every_s=0)
+    report = recipe.run()
+    assert report.samples_processed == 512 and writer.checkpoints() == []
+    warnings = [e for e in writer.events() if e[0] == EventKind.checkpoint_failed]
+    assert len(warnings) == 1 and "the run goes on" in warnings[0][1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # no temporary file left behind

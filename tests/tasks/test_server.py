@@ -1,0 +1,39 @@
+"""The server tasks in this process against a real Redis: a relation vector whose proxy runs are
+all in but which is not stored (it no longer loaded and was set aside) is aggregated again."""
+
+import pytest
+import redis
+
+from edgetrain.common.estimation import aggregate
+from edgetrain.common.keys import vector_key, vector_resource
+from edgetrain.common.presets import quick_job
+from edgetrain.common.schemas import JobSpec, TrainingOutcome
+from edgetrain.common.settings import Settings
+from edgetrain.common.testing.broker import queued_tasks
+from edgetrain.tasks import context
+from edgetrain.tasks.contract import CONTROL_QUEUE, SERVER_QUEUE, TaskName
+from edgetrain.tasks.server import estimate_relation_vector
+
+
+@pytest.fixture
+def s(redis_server):
+    redis.Redis.from_url(redis_server.url).flushdb()
+    return context.init(Settings(redis_url=redis_server.url), ("edgetrain.tasks.server",))
+
+
+def test_a_vector_set_aside_is_aggregated_again_from_its_runs(s, redis_server) -> None:
+    request = JobSpec.model_validate(quick_job(batch_sizes=[16, 64])).estimation_request()
+    key = vector_key(request)
+    for b, n in ((16, 3000), (64, 6000)):
+        outcome = TrainingOutcome(batch_size=b, seed=0, samples_to_accuracy=n, reached=True, final_accuracy=0.9, samples_processed=n, evaluations=3, wall_s=1.0)
+        s.resources.put_vector_part(key, outcome)
+    broker = redis.Redis.from_url(redis_server.url)
+    broker.set(s.keys.vector(key), b'{"batch_sizes": [16, 64], "ratios": [0.5]}')  # no longer loads
+    s.coordination.claim(vector_resource(key), "j1")
+    s.coordination.add_waiter(vector_resource(key), "j1")
+    assert estimate_relation_vector(request)["runs_dispatched"] == 0
+    assert queued_tasks(broker, SERVER_QUEUE) == []  # the runs are not run again
+    assert s.resources.vector(key) == aggregate(request, s.resources.vector_parts(key))
+    assert s.coordination.holder(vector_resource(key)) is None and s.coordination.take_waiters(vector_resource(key)) == []
+    assert [(t.name, t.payload) for t in queued_tasks(broker, CONTROL_QUEUE)] == [(TaskName.advance_job.value, "j1")]
+    assert [r.key for r in s.resources.set_asides()] == [s.keys.vector(key)]

@@ -1,0 +1,100 @@
+"""Tasks stopped from outside their code (tasks/stopped.py), every kind, in this process against
+a real Redis: what a revoked or terminated task leaves, and the queue messages it sends."""
+
+from types import SimpleNamespace
+
+import pytest
+import redis
+
+from edgetrain.common.jobs import PartState
+from edgetrain.common.keys import vector_key, vector_resource
+from edgetrain.common.part_events import AttemptLost
+from edgetrain.common.payloads import JobPage, ProfileRequest, ProxyRunRequest, profile_resource
+from edgetrain.common.presets import quick_job
+from edgetrain.common.schemas import DeviceInfo, JobSpec, Selection
+from edgetrain.common.settings import Settings
+from edgetrain.common.store import Lease
+from edgetrain.common.testing.broker import queued_tasks
+from edgetrain.common.testing.parts import drive_part
+from edgetrain.common.testing.tables import F
+from edgetrain.tasks import context
+from edgetrain.tasks.contract import TaskName
+from edgetrain.tasks.stopped import on_revoked
+from edgetrain.tasks.workflow import advance_job
+
+CHOICE = Selection(batch_size=16, frequency_hz=900, estimated_time_s=1.0, peak_power_w=4.0)
+
+
+@pytest.fixture
+def s(redis_server):
+    redis.Redis.from_url(redis_server.url).flushdb()
+    return context.init(Settings(redis_url=redis_server.url), ("edgetrain.tasks.workflow",))
+
+
+@pytest.fixture
+def broker(redis_server) -> redis.Redis:
+    return redis.Redis.from_url(redis_server.url)
+
+
+def revoke(task: TaskName, payload, task_id: str = "t1", terminated: bool = False) -> None:
+    on_revoked(sender=SimpleNamespace(name=task.value), request=SimpleNamespace(id=task_id, args=[payload]), terminated=terminated,
+               signum=15 if terminated else None)  # fmt: skip
+
+
+def job(s, job_id: str = "j1") -> JobSpec:
+    spec = JobSpec.model_validate(quick_job([{"device_id": "d1", "power_cap_w": 5.0}]))
+    s.jobs.create(job_id, spec)
+    return spec
+
+
+def test_a_fine_tune_revoked_before_it_ran_cancels_its_part(s) -> None:
+    job(s)
+    part = drive_part(s, "j1", "d1", PartState.finetuning, selection=CHOICE, attempt="a1")
+    s.jobs.apply("j1", "d1", AttemptLost(attempt="a1", outcome="re-queued"))  # queued again, no attempt runs it
+    revoke(TaskName.finetune, part.dispatch.request.model_dump(mode="json"), task_id=part.dispatch.token)
+    after = s.jobs.part("j1", "d1")
+    assert after.state == PartState.cancelled and "was revoked before it ran" in after.reason
+
+
+def test_a_running_fine_tune_terminated_cancels_its_part_and_keeps_its_checkpoint(s) -> None:
+    job(s)
+    part = drive_part(s, "j1", "d1", PartState.finetuning, selection=CHOICE, attempt="a1")
+    s.liveness.take(Lease(task_id=part.dispatch.token, task=TaskName.finetune.value, attempt="a1", node="device-d1@h", job_id="j1",
+                          device_id="d1"))  # fmt: skip
+    revoke(TaskName.finetune, part.dispatch.request.model_dump(mode="json"), task_id=part.dispatch.token, terminated=True)
+    after = s.jobs.part("j1", "d1")
+    assert after.state == PartState.cancelled and "terminated by an operator (SIGTERM" in after.reason
+    assert "`edgetrain requeue` continues from it" in after.reason and s.liveness.lease(part.dispatch.token) is None
+
+
+def test_a_revoked_profile_fails_its_table_for_the_jobs_waiting_and_a_revoked_job_step_is_sent_again(s, broker) -> None:
+    s.fleet.register(DeviceInfo(device_id="d1", device_type="twin", backend="sim", frequencies_hz=F, memory_bytes=1, simulated=True),
+                     ttl_s=60, instance="test")  # fmt: skip
+    job(s)
+    advance_job("j1")
+    (profile,) = queued_tasks(broker, "device.d1")
+    broker.delete("control")
+    revoke(TaskName.profile_device, profile.payload, task_id=profile.id)
+    failure = s.coordination.failure(profile_resource(ProfileRequest.model_validate(profile.payload)))
+    assert failure is not None and "was revoked before it ran" in failure.reason and failure.for_job("j1")
+    assert [t.payload for t in queued_tasks(broker, "control")] == ["j1"]  # the waiting job is woken: it fails with the reason
+    broker.delete("control")
+    revoke(TaskName.advance_job, "j1")
+    revoke(TaskName.advance_page, {"job_id": "j1", "page": 0})
+    sent = queued_tasks(broker, "control")
+    assert [(t.name, t.payload) for t in sent] == [(TaskName.advance_job.value, "j1"),
+                                                   (TaskName.advance_page.value, JobPage(job_id="j1", page=0).model_dump())]  # fmt: skip
+
+
+def test_a_revoked_proxy_run_or_estimation_fails_the_vector_with_the_reason(s) -> None:
+    spec = job(s)
+    request = spec.estimation_request()
+    resource = vector_resource(vector_key(request))
+    s.coordination.claim(resource, "j1")
+    revoke(TaskName.train_proxy, ProxyRunRequest(request=request, batch_size=16, seed=0).model_dump(mode="json"), terminated=True)
+    failure = s.coordination.failure(resource)
+    assert failure is not None and failure.reason.startswith("proxy training b=16 seed=0 was terminated by an operator")
+    assert s.coordination.holder(resource) is None and failure.for_job("j1")
+    s.coordination.claim(resource, "j1")
+    revoke(TaskName.estimate_relation_vector, request.model_dump(mode="json"))
+    assert s.coordination.failure(resource).reason == "relation vector estimation was revoked before it ran"

@@ -1,0 +1,130 @@
+"""The exporter's collector reads the fleet from a real Redis, as workers write it through the
+store, and exposes it in Prometheus's format (parsed back with prometheus_client's parser)."""
+
+import subprocess
+import sys
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from edgetrain.common.control_axis import ControlAxis
+from edgetrain.common.jobs import FinetuneProgress, PartState
+from edgetrain.common.part_events import AttemptFinished, AttemptStarted, Dispatched, Identified, Prepared, request_digest
+from edgetrain.common.payloads import finetune_request
+from edgetrain.common.presets import quick_job
+from edgetrain.common.schemas import DeviceInfo, JobSpec, RunReport, Selection
+from edgetrain.common.settings import Settings
+from edgetrain.common.store import Lease, WorkerInfo, Written
+from edgetrain.tasks.contract import HANDED_ON
+from edgetrain.workers.exporter import registry
+
+DEVICES = [{"device_id": "nano-1", "power_cap_w": 3.0}, {"device_id": "tx2nx-1", "power_cap_w": 5.0}]
+
+
+def scrape(store) -> dict[tuple[str, tuple], float]:
+    text = generate_latest(registry(store, Settings(redis_url="redis://unused:1/0"))).decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text) for sample in family.samples
+    }  # fmt: skip
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def device(device_id: str) -> DeviceInfo:
+    return DeviceInfo(device_id=device_id, device_type="jetson-nano", backend="sim:jetson-nano", frequencies_hz=[1, 2],
+                      memory_bytes=4, simulated=True)  # fmt: skip
+
+
+TWIN = Identified(device_type="jetson-nano", simulated=True, control=ControlAxis.GPU_CLOCK_HZ)
+CHOICE = Selection(batch_size=16, frequency_hz=844_800_000, estimated_time_s=0.2, peak_power_w=2.9)
+
+
+def fine_tune_started(store, job_id: str, spec: JobSpec) -> str:
+    """Dispatch nano-1's fine-tune and start its attempt, as the control and device workers do; the attempt's token."""
+    request = finetune_request(job_id, spec, spec.devices[0], CHOICE, "jetson-nano:smallcnn:1x28x28", "vkey")
+    store.jobs.apply(job_id, "nano-1", Dispatched(device=TWIN, token=f"{job_id}-t", request=request, selection=CHOICE,
+                                                  estimated_time_to_accuracy_s=0.17, baseline1_estimated_time_to_accuracy_s=0.92))  # fmt: skip
+    store.jobs.apply(job_id, "nano-1", AttemptStarted(dispatch=f"{job_id}-t", digest=request_digest(request), attempt=f"{job_id}-a",
+                                                      node="device-nano-1@h"))  # fmt: skip
+    return f"{job_id}-a"
+
+
+def test_a_fine_tune_in_progress_is_exported_per_device_part_role_and_fleet(store) -> None:
+    store.fleet.register(device("nano-1"), ttl_s=30, instance="w1")
+    store.fleet.register(device("tx2nx-1"), ttl_s=30, instance="w2")
+    store.liveness.heartbeat(WorkerInfo(node="device-nano-1@h", role="device", queues=["device.nano-1"], hostname="h", pid=1))
+    store.liveness.heartbeat(WorkerInfo(node="control@h", role="control", queues=["control"], hostname="h", pid=2))
+    spec = JobSpec.model_validate(quick_job(DEVICES))
+    store.jobs.create("j1", spec)
+    attempt = fine_tune_started(store, "j1", spec)
+    store.jobs.apply("j1", "tx2nx-1", Prepared(state=PartState.profiling, device=TWIN))
+    progress = FinetuneProgress(
+        samples=2048, accuracy=0.61, device_time_s=0.3, energy_j=0.8, target_accuracy=0.85, max_samples=40000,
+        batch_size=16, frequency_hz=844_800_000, power_cap_w=3.0, power_w=2.7, peak_power_w=2.95, samples_per_s=6800.0,
+        guard_step_downs=2, switches=3, over_cap_s=0.004,
+    )  # fmt: skip
+    assert store.jobs.attempt_write("j1", "nano-1", attempt, progress=progress) == Written.ok
+    store.liveness.take(Lease(task_id="t1", task="edgetrain.finetune", attempt=attempt, node="device-nano-1@h", queue="device.nano-1"))
+    store.monitoring.count(HANDED_ON, "server")
+    store.monitoring.count(HANDED_ON, "server")
+
+    s = scrape(store)
+    nano = {"device": "nano-1", "simulated": "true"}
+    assert value(s, "edgetrain_redis_up") == 1
+    assert value(s, "edgetrain_device_power_watts", **nano) == 2.7
+    assert value(s, "edgetrain_device_power_cap_watts", **nano) == 3.0
+    assert value(s, "edgetrain_device_frequency_hertz", **nano) == 844_800_000
+    assert value(s, "edgetrain_device_batch_size", **nano) == 16
+    assert value(s, "edgetrain_device_samples_per_second", **nano) == 6800.0
+    assert value(s, "edgetrain_device_accuracy_ratio", **nano) == 0.61
+    assert value(s, "edgetrain_device_guard_step_downs_total", **nano) == 2
+    assert value(s, "edgetrain_device_switches_total", **nano) == 3
+    assert value(s, "edgetrain_device_job_info", device="nano-1", job_id="j1") == 1
+    assert value(s, "edgetrain_device_up", device="tx2nx-1", device_type="jetson-nano", backend="sim:jetson-nano", simulated="true") == 1
+    part = {"job_id": "j1", "device": "nano-1", "simulated": "true"}
+    assert value(s, "edgetrain_part_samples", **part) == 2048 and value(s, "edgetrain_part_target_accuracy_ratio", **part) == 0.85
+    assert value(s, "edgetrain_part_estimated_time_to_accuracy_seconds", **part, method="baseline1") == 0.92
+    assert value(s, "edgetrain_part_state", **part, state="finetuning") == 1
+    assert value(s, "edgetrain_part_attempts", **part) == 1
+    # tx2nx-1 profiles, but no live worker consumes device.tx2nx-1: it waits on a missing worker
+    assert value(s, "edgetrain_part_waiting", job_id="j1", device="tx2nx-1", simulated="true", reason="no_worker") == 1
+    assert value(s, "edgetrain_parts_waiting", reason="no_worker") == 1 and value(s, "edgetrain_parts_waiting", reason="table") == 0
+    assert value(s, "edgetrain_jobs", state="running") == 1 and value(s, "edgetrain_parts", state="profiling") == 1
+    assert value(s, "edgetrain_workers", role="device") == 1 and value(s, "edgetrain_workers", role="server") == 0
+    assert value(s, "edgetrain_tasks_running", role="device") == 1
+    assert value(s, "edgetrain_tasks_handed_on_total", role="server") == 2
+    assert value(s, "edgetrain_queue_messages", queue="device.nano-1", role="device") == 0
+    assert value(s, "edgetrain_redis_maxmemory_policy_info", policy="noeviction") == 1
+
+
+def test_a_completed_part_reports_estimated_and_achieved_time_to_accuracy(store) -> None:
+    spec = JobSpec.model_validate(quick_job(DEVICES[:1]))
+    store.jobs.create("j2", spec)
+    attempt = fine_tune_started(store, "j2", spec)
+    report = RunReport(device_id="nano-1", device_type="jetson-nano", simulated=True, batch_size=16, frequency_hz=844_800_000,
+                       reached=True, final_accuracy=0.86, samples_to_accuracy=4352, samples_processed=4608, steps=288,
+                       device_time_s=0.597, energy_j=1.51, peak_power_w=3.0, wall_s=7.0)  # fmt: skip
+    store.jobs.apply("j2", "nano-1", AttemptFinished(attempt=attempt, report=report))
+    s = scrape(store)
+    part = {"job_id": "j2", "device": "nano-1", "simulated": "true"}
+    assert value(s, "edgetrain_part_achieved_time_to_accuracy_seconds", **part) == 0.597
+    assert value(s, "edgetrain_part_estimated_time_to_accuracy_seconds", **part, method="edgetrain") == 0.17
+    assert value(s, "edgetrain_jobs", state="completed") == 1
+    assert not any(name == "edgetrain_part_waiting" for name, _ in s)
+
+
+def test_unreachable_redis_is_a_metric_not_an_error() -> None:
+    from edgetrain.common.store import Store
+
+    s = scrape(Store.connect("redis://127.0.0.1:1/0"))
+    assert s == {("edgetrain_redis_up", ()): 0.0}
+
+
+@pytest.mark.parametrize("module", ["edgetrain.workers.exporter"])
+def test_the_exporter_imports_no_torch(module: str) -> None:
+    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
