@@ -211,7 +211,7 @@ def loop_run(name: str, model: str, weights: str, dataset: dict[str, Any], targe
         caps = CapFollower(DeviceTarget(device_id="twin", power_cap_w=cap), lambda: None)
         adaptive = AdaptiveControl(device, trainer, lr, tbl, strategy, caps,
                                    cap, first.frequency_hz)
-        identity = RecordIdentity(record_id=record_id, model=model, weights=weights, data=data_identity(ref), target_accuracy=target,
+        identity = RecordIdentity(record_id=record_id, model=model, weights=weights, data=data_identity(ref, []), target_accuracy=target,
                                   lr=lr, eval_every_samples=256, device_type=twin, seed=seed)
         loop = ClosedLoop(adaptive, prior, records, identity)
         clock: list[tuple[int, float]] = []
@@ -248,7 +248,7 @@ def first_job_record(model: str, weights: str, dataset: dict[str, Any], target: 
     outcome = run["outcome"]
     n_end = outcome["samples_processed"]
     return FinetuneRecord(
-        record_id=record_id, model=model, weights=weights, data=data_identity(DatasetRef(**dataset)), target_accuracy=target,
+        record_id=record_id, model=model, weights=weights, data=data_identity(DatasetRef(**dataset), []), target_accuracy=target,
         lr=LearningRatePolicy(), eval_every_samples=256, device_type=twin, power_cap_w=cap, seed=seed,
         segments=[Segment(batch_size=b, frequency_hz=f, start_samples=0, end_samples=n_end,
                           device_time_s=twin_time_s(twin, cap, b, f, n_end, seed), curve=[tuple(p) for p in run["curve"]])],

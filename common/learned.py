@@ -48,7 +48,7 @@ class DataIdentity(Strict):
     path_digest: str | None = None
 
 
-def data_identity(ref: DatasetRef, roots: Sequence[Path] = ()) -> DataIdentity:
+def data_identity(ref: DatasetRef, roots: Sequence[Path]) -> DataIdentity:
     """The identity of `ref`'s data as seen from this host: for data at a path (inside the data
     `roots`, as the loaders read it), what is there now (names, sizes, times; nothing is read)."""
     if ref.path is None:

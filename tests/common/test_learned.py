@@ -13,6 +13,7 @@ from torch.utils.data import TensorDataset
 from edgetrain.common.keys import learned_key, similar_key
 from edgetrain.common.learned import DataIdentity, FinetuneRecord, Segment, data_identity, learned_vector, warp_ratio
 from edgetrain.common.schemas import DatasetRef, LearningRatePolicy, RelationVector
+from edgetrain.common.security import RefusedError
 from edgetrain.common.store.learned import MAX_RECORDS
 from edgetrain.common.training import Trainer, make_optimizer
 
@@ -79,14 +80,16 @@ def test_records_of_similar_data_blend_with_the_prior() -> None:
 
 
 def test_data_identity_digests_what_a_path_holds(tmp_path) -> None:
-    assert data_identity(DatasetRef(name="mnist5k", fraction=0.5)) == DataIdentity(name="mnist5k", fraction=0.5)
+    assert data_identity(DatasetRef(name="mnist5k", fraction=0.5), []) == DataIdentity(name="mnist5k", fraction=0.5)
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "x.png").write_bytes(b"1")
     ref = DatasetRef(name="imagefolder", path=str(tmp_path))
-    before = data_identity(ref)
-    assert before.path_digest and data_identity(ref) == before
+    before = data_identity(ref, [tmp_path])
+    assert before.path_digest and data_identity(ref, [tmp_path]) == before
     (tmp_path / "a" / "y.png").write_bytes(b"22")
-    assert data_identity(ref).path_digest != before.path_digest
+    assert data_identity(ref, [tmp_path]).path_digest != before.path_digest
+    with pytest.raises(RefusedError, match="dataset.path: .* is outside the data roots"):
+        data_identity(ref, [tmp_path / "a"])
 
 
 def test_keys_separate_data_and_group_similar_data() -> None:
