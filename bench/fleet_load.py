@@ -7,12 +7,14 @@ each device type and the job's relation vector, so jobs go straight to selection
 has its own queue, where the dispatched `finetune` messages wait (no device worker consumes
 them: what is measured is planning and dispatch, not training).
 
-- paced: one single-device job per device, submitted at `--rate` jobs per second;
+- paced: one single-device job per device, submitted at a rate (jobs per second);
 - burst: one job over every device at once (planned in pages by the control worker's pool).
 
-Latency = the `selected` event (the fine-tune dispatched) minus the job's submission time.
+Latency = when a part's fine-tune was dispatched minus the job's submission time. Every part is
+checked at the end: each dispatched once, each device queue holding one fine-tune per job.
+Runs the three sizes by default, each on its own Redis, and prints how each figure grows.
 
-    python bench/fleet_load.py [--devices 500] [--rate 25] [--control-concurrency 2] [--json OUT]
+    python bench/fleet_load.py [--sizes 500 2000 10000] [--rates 25 100 250] [--control-concurrency 2] [--json OUT]
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ import time
 from pathlib import Path
 
 from edgetrain.common.devices.twin_spec import builtin_twins
-from edgetrain.common.jobs import EventKind, JobStatus
+from edgetrain.common.jobs import JobStatus, PartState
 from edgetrain.common.keys import table_id, vector_key
 from edgetrain.common.presets import quick_job
 from edgetrain.common.profiling import software_versions
 from edgetrain.common.schemas import PAPER_BATCH_SIZES, DeviceInfo, JobSpec, ProfileTable, RelationVector
 from edgetrain.common.store import Store
 from edgetrain.tasks.client import EdgeTrainClient
+from edgetrain.tasks.contract import device_queue
 from edgetrain.workers.cluster import LocalCluster
 
 TWINS = ["jetson-nano", "jetson-tx2-nx", "jetson-orin-nano", "jetson-orin-nx", "jetson-agx-orin"]
@@ -93,21 +96,35 @@ def job_spec(devices: list[DeviceInfo]) -> dict:
 
 
 def dispatch_latencies_s(status: JobStatus) -> list[float]:
-    """Per device: the `selected` event's time minus the job's submission (s)."""
-    return [(e.at - status.created_at).total_seconds() for e in status.events if e.kind == EventKind.selected]
+    """Per part: when its fine-tune was dispatched minus the job's submission (s)."""
+    return [(p.dispatch.at - status.created_at).total_seconds() for p in status.parts.values() if p.dispatch]
 
 
-def wait_dispatched(client: EdgeTrainClient, job_ids: list[str], expected: int, timeout_s: float = 600) -> list[JobStatus]:
+def wait_dispatched(store: Store, job_ids: list[str], expected: int, timeout_s: float = 900) -> None:
+    """Until `expected` parts of the jobs are fine-tuning (their fine-tune dispatched)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        statuses = [client.store.jobs.status(j) for j in job_ids]
-        if sum(len(dispatch_latencies_s(s)) for s in statuses) >= expected:
-            return statuses
-        time.sleep(0.5)
-        failed = [p.reason for s in statuses for p in s.parts.values() if p.reason]
-        if failed:
-            raise RuntimeError(f"{len(failed)} parts failed, e.g. {failed[0]}")
+        counts = [store.jobs.states(j) for j in job_ids]
+        if sum(c.get(PartState.failed, 0) for c in counts):
+            failed = next(p.reason for j in job_ids for p in store.jobs.status(j).parts.values() if p.reason)
+            raise RuntimeError(f"parts failed, e.g. {failed}")
+        if sum(c.get(PartState.finetuning, 0) for c in counts) >= expected:
+            return
+        time.sleep(0.05)
     raise TimeoutError(f"not every fine-tune was dispatched within {timeout_s} s")
+
+
+def check_every_part(store: Store, statuses: list[JobStatus], infos: list[DeviceInfo], per_device: int) -> None:
+    """Every part dispatched once, and every device's queue holds `per_device` fine-tunes: none
+    lost, none sent twice."""
+    parts = [p for s in statuses for p in s.parts.values()]
+    assert all(p.state == PartState.finetuning and p.dispatch for p in parts), "a part was not dispatched"
+    with store._redis.pipeline(transaction=False) as p:
+        for info in infos:
+            p.llen(device_queue(info.device_id))
+        lengths = p.execute()
+    wrong = [(i.device_id, n) for i, n in zip(infos, lengths) if n != per_device]
+    assert not wrong, f"{len(wrong)} device queues hold other than {per_device} fine-tunes, e.g. {wrong[0]}"
 
 
 def timed_ms(call, repeat: int = 50) -> tuple[float, float]:
@@ -129,19 +146,14 @@ def used_memory(store: Store) -> int:
     return int(store._redis.info("memory")["used_memory"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--devices", type=int, default=500)
-    parser.add_argument("--rate", type=float, default=25.0, help="paced submissions per second")
-    parser.add_argument("--control-concurrency", type=int, default=2)
-    parser.add_argument("--json")
-    args = parser.parse_args()
+def run(devices: int, rate: float, control_concurrency: int) -> dict:
+    """One fleet of `devices`: paced jobs at `rate` per second, then one job over every device."""
     with (
         tempfile.TemporaryDirectory() as tmp,
-        LocalCluster(Path(tmp), server_workers=0, control_concurrency=args.control_concurrency) as cluster,
+        LocalCluster(Path(tmp), server_workers=0, control_concurrency=control_concurrency) as cluster,
     ):
         store, client = cluster.store(), EdgeTrainClient(cluster.url)
-        infos = fleet_infos(args.devices)
+        infos = fleet_infos(devices)
         empty = used_memory(store)
         heartbeats = Heartbeats(store, infos)
         heartbeats.beat()
@@ -159,46 +171,67 @@ def main() -> None:
         started = time.perf_counter()
         paced = []
         for k, info in enumerate(infos):
-            time.sleep(max(0.0, started + k / args.rate - time.perf_counter()))
+            time.sleep(max(0.0, started + k / rate - time.perf_counter()))
             paced.append(client.submit(job_spec([info])))
-        submitted_s = time.perf_counter() - started
-        statuses = wait_dispatched(client, paced, len(infos))
+        wait_dispatched(store, paced, len(infos))
         paced_s = time.perf_counter() - started
+        statuses = [store.jobs.status(j) for j in paced]
         paced_latency = [x for s in statuses for x in dispatch_latencies_s(s)]
         per_job_bytes = (used_memory(store) - before_jobs) / len(paced)
 
         started = time.perf_counter()
         burst = client.submit(job_spec(infos))
-        (status,) = wait_dispatched(client, [burst], len(infos))
+        wait_dispatched(store, [burst], len(infos))
         burst_s = time.perf_counter() - started
-        burst_latency = dispatch_latencies_s(status)
+        burst_status = store.jobs.status(burst)
+        burst_latency = dispatch_latencies_s(burst_status)
+        check_every_part(store, [*statuses, burst_status], infos, per_device=2)
 
         status_ms = timed_ms(lambda: client.status(burst))
-        fleet_ms = timed_ms(client.fleet)
+        fleet_ms = timed_ms(client.fleet, repeat=10)
         heartbeats.stopped.set()
-
-    result = {
-        "devices": args.devices, "control_processes": args.control_concurrency, "rate_per_s": args.rate,
-        "paced_submit_s": submitted_s, "paced_all_dispatched_s": paced_s, "paced_throughput_per_s": len(infos) / paced_s,
+    return {
+        "devices": devices, "control_processes": control_concurrency, "rate_per_s": rate,
+        "paced_all_dispatched_s": paced_s, "paced_throughput_per_s": devices / paced_s,
         "paced_latency_ms": {"median": statistics.median(paced_latency) * 1e3, "p99": percentile(paced_latency, 99) * 1e3},
-        "burst_all_dispatched_s": burst_s, "burst_throughput_per_s": len(infos) / burst_s,
+        "burst_all_dispatched_s": burst_s, "burst_throughput_per_s": devices / burst_s,
         "burst_latency_ms": {"median": statistics.median(burst_latency) * 1e3, "p99": percentile(burst_latency, 99) * 1e3},
         "status_ms": {"median": status_ms[0], "p99": status_ms[1]}, "fleet_ms": {"median": fleet_ms[0], "p99": fleet_ms[1]},
-        "redis_bytes_per_device": fleet_bytes / args.devices, "redis_bytes_per_job": per_job_bytes,
+        "redis_bytes_per_device": fleet_bytes / devices, "redis_bytes_per_job": per_job_bytes,
     }  # fmt: skip
-    print(f"{args.devices} simulated devices ({', '.join(TWINS)}), one real Redis, "
-          f"a control worker of {args.control_concurrency} processes")
-    print(f"paced, {args.rate:g} single-device jobs/s: all {args.devices} dispatched {paced_s:.1f} s after the first submission "
-          f"({result['paced_throughput_per_s']:.0f}/s); latency median {result['paced_latency_ms']['median']:.0f} ms, "
-          f"p99 {result['paced_latency_ms']['p99']:.0f} ms")
-    print(f"burst, one job over every device: all dispatched in {burst_s:.2f} s ({result['burst_throughput_per_s']:.0f}/s); "
-          f"latency median {result['burst_latency_ms']['median']:.0f} ms, p99 {result['burst_latency_ms']['p99']:.0f} ms")
-    print(f"status() of the {args.devices}-device job: median {status_ms[0]:.1f} ms, p99 {status_ms[1]:.1f} ms; "
-          f"fleet() of {args.devices} devices: median {fleet_ms[0]:.1f} ms, p99 {fleet_ms[1]:.1f} ms")
-    print(f"Redis: {result['redis_bytes_per_device']:.0f} bytes per registered device, "
-          f"{per_job_bytes:.0f} bytes per single-device job (record, part, events and its queued fine-tune message)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[500, 2000, 10000], help="fleet sizes (devices)")
+    parser.add_argument("--rates", type=float, nargs="+", default=[25.0, 100.0, 250.0], help="paced jobs/s, one per size")
+    parser.add_argument("--control-concurrency", type=int, default=2)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    if len(args.rates) != len(args.sizes):
+        parser.error("give one --rates value per --sizes value")
+    print(f"simulated devices ({', '.join(TWINS)}), one real Redis per size, a control worker of "
+          f"{args.control_concurrency} processes; every part checked: dispatched once, nothing lost")
+    print("| devices | paced jobs: rate, p99 latency | one job over every device: all dispatched | "
+          "status() of that job (summary), median / p99 | fleet(), median | Redis per device, per job |")
+    print("|---|---|---|---|---|---|")
+    results = []
+    for devices, rate in zip(args.sizes, args.rates):
+        r = run(devices, rate, args.control_concurrency)
+        results.append(r)
+        print(f"| {devices} (rate {rate:g}/s) | {r['paced_throughput_per_s']:.0f}/s, p99 {r['paced_latency_ms']['p99']:.0f} ms "
+              f"| {r['burst_all_dispatched_s']:.2f} s ({r['burst_throughput_per_s']:.0f}/s), latency p99 "
+              f"{r['burst_latency_ms']['p99'] / 1e3:.2f} s | {r['status_ms']['median']:.1f} / {r['status_ms']['p99']:.1f} ms "
+              f"| {r['fleet_ms']['median']:.1f} ms | {r['redis_bytes_per_device']:.0f} B, {r['redis_bytes_per_job']:.0f} B |",
+              flush=True)  # fmt: skip
+    for small, big in zip(results, results[1:]):
+        ideal = big["devices"] / small["devices"]
+        grew = big["burst_all_dispatched_s"] / small["burst_all_dispatched_s"]
+        status = big["status_ms"]["median"] / small["status_ms"]["median"]
+        print(f"{small['devices']} -> {big['devices']} devices (x{ideal:g}, linear): dispatch time x{grew:.1f}, "
+              f"status median x{status:.1f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        Path(args.json).write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -189,6 +189,8 @@ class JobStatus(Strict):
     cancelled_at: datetime | None = None
     notes: list[str] = Field(default_factory=list, description="what the job waits for that nothing will do")
     preparation: Preparation = Field(default_factory=Preparation, description="tables and vector being made for it")
+    counts: dict[PartState, int] = Field(description="the job's parts in each state, all of them")
+    shown: str | None = Field(None, description="which parts `parts` holds when not all of them (a big job's summary)")
 
     def digest(self) -> str:
         """What changes as the job goes on: part states and waits, progress, notes, events,
@@ -196,7 +198,9 @@ class JobStatus(Strict):
         parts = ";".join(f"{d}={p.state.value}:{p.waiting}" for d, p in self.parts.items())
         progress = ";".join(f"{d}={p.samples}" for d, p in self.progress.items())
         made = self.preparation.model_dump_json()
-        return f"{self.state.value}|{parts}|{progress}|{len(self.events)}|{'|'.join(self.notes)}|{made}"
+        counts = ";".join(f"{s.value}={n}" for s, n in self.counts.items())
+        newest = self.events[-1].at.isoformat() if self.events else ""
+        return f"{self.state.value}|{counts}|{parts}|{progress}|{len(self.events)}:{newest}|{'|'.join(self.notes)}|{made}"
 
     def __str__(self) -> str:
         """One line per job: its state and each device's."""
@@ -209,8 +213,13 @@ class JobStatus(Strict):
 
     @property
     def finished(self) -> bool:
-        """Every part is completed, failed or cancelled."""
-        return all(p.state in TERMINAL for p in self.parts.values())
+        """Every part is completed, failed or cancelled (shown or not)."""
+        return all(n == 0 or s in TERMINAL for s, n in self.counts.items())
+
+    def counts_line(self) -> str:
+        """Parts per state, e.g. `10000 parts: 9950 finetuning, 50 failed`."""
+        total = sum(self.counts.values())
+        return f"{total} parts: " + ", ".join(f"{self.counts[s]} {s.value}" for s in PartState if self.counts.get(s))
 
 
 def job_state(parts: list[DevicePart]) -> JobState:

@@ -232,6 +232,10 @@ class Keys:
     def job_states(self, job_id: str) -> str:
         return f"{self.job(job_id)}:states"
 
+    def parts_in(self, job_id: str, state: str) -> str:
+        """The set of the job's devices whose part is in `state`."""
+        return f"{self.job(job_id)}:in:{state}"
+
     def sent_tasks(self) -> str:
         return f"{self.prefix}:sent"
 

@@ -22,6 +22,8 @@ MAX_CAP_STEPS = 1000  # steps of a device's power cap schedule
 MAX_NAME_CHARS = 256  # a model name, an artifact URL
 MAX_PATH_CHARS = 1024  # a dataset path
 MAX_EVENTS_KEPT = 2000  # the newest events kept in a job's log
+STATUS_PARTS = 50  # parts `status` shows of a bigger job unless asked for others (and its newest events)
+RECORDS_KEPT = 16  # parsed job records (and spec checks) a process keeps: each page step of a big job re-reads its job
 MAX_NESTING = 32  # levels of lists and objects in a spec document (a job spec has 5)
 
 BatchSize = Annotated[int, Field(gt=0, le=MAX_BATCH_SIZE)]

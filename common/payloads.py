@@ -32,10 +32,9 @@ class JobPage(Strict):
     page: int = Field(ge=0)
 
 
-def device_page(job_id: str, spec: JobSpec, device_id: str, page_size: int) -> JobPage:
-    """The page of job `job_id` that holds `device_id`."""
-    index = next(i for i, d in enumerate(spec.devices) if d.device_id == device_id)
-    return JobPage(job_id=job_id, page=index // page_size)
+def device_page(job_id: str, position: int, page_size: int) -> JobPage:
+    """The page of job `job_id` that holds the device at `position` in its list of devices."""
+    return JobPage(job_id=job_id, page=position // page_size)
 
 
 class ProfileRequest(Strict):

@@ -28,6 +28,7 @@ from edgetrain.common.keys import (
     vector_key,
     vector_resource,
 )
+from edgetrain.common.limits import STATUS_PARTS
 from edgetrain.common.models import get_model
 from edgetrain.common.part_events import Refused, Requeued
 from edgetrain.common.payloads import PretrainRequest, PretrainResult, profile_request
@@ -165,21 +166,55 @@ class EdgeTrainClient:
                             "submit it again once Redis has room") from None  # fmt: skip
         return job_id
 
-    def status(self, job_id: str) -> JobStatus:
-        """The job's state, parts, progress and events, with notes on what it waits for that
-        no live worker will do and how far the tables and vector it waits for are; a part
-        that failed before its device's type was recorded shows the type it is registered
-        with. JobNotFoundError for an unknown id (saying so when the store was reset since:
-        Redis restarted without persistence), InvalidIdError for one that is not an id."""
+    def status(
+        self, job_id: str, devices: list[str] | None = None, state: PartState | None = None, page: int | None = None
+    ) -> JobStatus:
+        """The job's state, counts of parts per state, parts, progress and events, with notes on
+        what it waits for that no live worker will do and how far the tables and vector it
+        waits for are; a part that failed before its device's type was recorded shows the type
+        it is registered with. Parts: those of `devices`, else those in `state`, else every
+        part of a job of up to STATUS_PARTS devices, else a summary (the failed parts, then the
+        first devices, STATUS_PARTS in all, and the newest events; `shown` says which), so
+        that status costs the same for any job's size. `page` (from 0) pages through the parts
+        in `state` or through the job's devices, STATUS_PARTS at a time. JobNotFoundError for an
+        unknown id (saying so when the store was reset since: Redis restarted without
+        persistence) or device, InvalidIdError for one that is not an id."""
+        jobs = self.store.jobs
         try:
-            status = self.store.jobs.status(checked_id(job_id, "job_id"))
+            total = len(record.spec.devices) if (record := jobs.record(checked_id(job_id, "job_id"))) else 0
+            shown, ids = self._shown(job_id, total, devices, state, page)
+            status = jobs.status(job_id, ids, None if shown is None else STATUS_PARTS)
         except JobNotFoundError as exc:
             identity = self.store.identity.current()
             note = identity.reset_note() if identity else None
             raise JobNotFoundError(f"{exc.args[0]}; {note}" if note else exc.args[0]) from None
-        return status.model_copy(
-            update={"notes": stalled(status, self.workers()), "preparation": self._preparation(status), "parts": self._identified(status)}
-        )
+        return status.model_copy(update={
+            "notes": stalled(status, self.workers()), "preparation": self._preparation(status), "parts": self._identified(status),
+            "shown": shown,
+        })  # fmt: skip
+
+    def _shown(
+        self, job_id: str, total: int, devices: list[str] | None, state: PartState | None, page: int | None
+    ) -> tuple[str | None, list[str] | None]:
+        """(what is shown, when not every part; the devices to read, None for every one)."""
+        first = (page or 0) * STATUS_PARTS
+        if devices is not None:
+            return f"{len(devices)} of {total} parts: those asked for", [checked_id(d, "device_id") for d in devices]
+        if state is not None:
+            members = self.store.jobs.devices_in(job_id, state)
+            return _page_line(len(members), f"{state.value} ", first, total), members[first : first + STATUS_PARTS]
+        if page is None and total <= STATUS_PARTS:
+            return None, None
+        record = self.store.jobs.record(job_id)
+        ids = [d.device_id for d in record.spec.devices] if record else []
+        if page is not None:
+            return _page_line(total, "", first, total), ids[first : first + STATUS_PARTS]
+        failed = self.store.jobs.devices_in(job_id, PartState.failed)[:STATUS_PARTS]
+        more = [d for d in ids[:STATUS_PARTS] if d not in failed][: STATUS_PARTS - len(failed)]
+        line = (f"{len(failed) + len(more)} of {total} parts: the failed ones first, then the first devices, and the newest "
+                f"{STATUS_PARTS} events; --page N, --state S or --device D show others")  # fmt: skip
+        return line, failed + more
+
     def _preparation(self, status: JobStatus) -> Preparation:
         """The vector and tables that unfinished parts wait for, while they are made."""
         waiting = [p for p in status.parts.values() if p.state in (PartState.profiling, PartState.estimating)]
@@ -233,8 +268,9 @@ class EdgeTrainClient:
         return poll_until(finished, timeout_s, poll_s, f"job {job_id}")
 
     def report(self, job_id: str) -> JobReport:
-        """The job's result per device."""
-        return JobReport.from_status(self.status(job_id))
+        """The job's result on every device (however many)."""
+        record = self.store.jobs.record(checked_id(job_id, "job_id"))
+        return JobReport.from_status(self.status(job_id, [d.device_id for d in record.spec.devices] if record else None))
 
     def set_power_cap(self, device_id: str, power_cap_w: float | None) -> DeviceCap:
         """Set the board power cap of `device_id` (W; None = no cap): a fine-tune running there
@@ -364,3 +400,10 @@ class EdgeTrainClient:
         finally:
             pending.forget()  # unsubscribe now: after a Ctrl-C, a local cluster's Redis is gone by the time it is collected
         return PretrainResult.model_validate(result)
+
+
+def _page_line(count: int, kind: str, first: int, total: int) -> str:
+    """What a page of `status` shows: the page from part `first` of `count` `kind`parts (of
+    `total` in the job)."""
+    pages = max(1, math.ceil(count / STATUS_PARTS))
+    return f"page {first // STATUS_PARTS + 1} of {pages} of the {count} {kind}parts ({total} in the job), {STATUS_PARTS} per page"

@@ -202,11 +202,11 @@ def start_unplanned(store: Store, app: Celery, settings: Settings) -> list[str]:
 
 def _advance(store: Store, app: Celery, settings: Settings, job_id: str, device_id: str | None) -> None:
     """Advance the page of the job that holds `device_id` (the whole job without a device)."""
-    record = store.jobs.record(job_id)
-    if record is not None and device_id is not None:
-        send(app, TaskName.advance_page, device_page(job_id, record.spec, device_id, settings.page_size))
-    elif record is not None:
-        send(app, TaskName.advance_job, job_id)
+    if device_id is None:
+        if store.jobs.record(job_id) is not None:
+            send(app, TaskName.advance_job, job_id)
+    elif (position := store.jobs.position(job_id, device_id)) is not None:
+        send(app, TaskName.advance_page, device_page(job_id, position, settings.page_size))
 
 
 def reap_once(store: Store, app: Celery, settings: Settings, silent_before: frozenset[str] = frozenset()) -> frozenset[str]:

@@ -23,6 +23,7 @@ from edgetrain.common.jobs import (
     state_of_counts,
 )
 from edgetrain.common.keys import table_resource, vector_resource
+from edgetrain.common.limits import RECORDS_KEPT
 from edgetrain.common.part_events import (
     Cancelled,
     CancelRequested,
@@ -134,9 +135,9 @@ class _Reader:
 
 def advance_device(job_id: str, device_id: str) -> None:
     """Advance the page of job `job_id` that holds `device_id` (its part changed)."""
-    record = store().jobs.record(job_id)
-    if record is not None:
-        send(app, TaskName.advance_page, device_page(job_id, record.spec, device_id, settings().page_size))
+    position = store().jobs.position(job_id, device_id)
+    if position is not None:
+        send(app, TaskName.advance_page, device_page(job_id, position, settings().page_size))
 
 
 @app.task(name=TaskName.advance_job.value)
@@ -171,7 +172,7 @@ def _advance_page(record: JobRecord, page: int) -> str:
     s, job_id, spec = store(), record.job_id, record.spec
     size = settings().page_size
     targets = spec.devices[page * size : (page + 1) * size]
-    refusal = job_refusal(spec, settings().allowed_model_modules)  # a spec written past the client
+    refusal = _refusal(record)  # a spec written past the client
     with s.lock(s.keys.job_lock(job_id, page), JOB_LOCK_TIMEOUT_S):
         reader = _Reader(s, record, targets)
         for target, part in zip(targets, s.jobs.parts(job_id, [t.device_id for t in targets])):
@@ -187,6 +188,19 @@ def _advance_page(record: JobRecord, page: int) -> str:
                 logger.exception("advancing %s/%s failed", job_id, part.device_id)
                 report(job_id, part.device_id, Failed(reason=f"planning failed: {type(exc).__name__}: {exc}"))
     return state_of_counts(s.jobs.states(job_id)).value
+
+
+def _refusal(record: JobRecord) -> str | None:
+    """Why this worker refuses the job's spec, or None; checked once per job and process (a
+    job's spec does not change, and checking one of 10 000 devices takes a page step's time)."""
+    if record.job_id not in _refusals:
+        while len(_refusals) >= RECORDS_KEPT:
+            del _refusals[next(iter(_refusals))]
+        _refusals[record.job_id] = job_refusal(record.spec, settings().allowed_model_modules)
+    return _refusals[record.job_id]
+
+
+_refusals: dict[str, str | None] = {}
 
 
 def report(job_id: str, device_id: str, event: PartEvent) -> Applied | None:

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from edgetrain.common.jobs import PartState
+from edgetrain.common.limits import STATUS_PARTS
 from edgetrain.common.settings import get_settings
 
 from .cli_args import (
@@ -18,6 +20,7 @@ from .cli_args import (
     device_id,
     job_exit_code,
     job_id,
+    page_number,
     positive_seconds,
     power_cap,
     power_cap_or_none,
@@ -204,12 +207,15 @@ def cmd_vector_show(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """`edgetrain status JOB_ID`: every state prints, notes included."""
+    """`edgetrain status JOB_ID [--device D]... [--state S] [--page N]`: every state prints,
+    notes included; a big job's summary unless other parts are asked for."""
     from edgetrain.common.reports import JobReport
 
-    status = _client(args).status(args.job_id)
+    state = PartState(args.state) if args.state else None
+    status = _client(args).status(args.job_id, args.device or None, state, args.page)
     if args.json:
-        extra = {"notes": status.notes, "preparation": status.preparation.model_dump(mode="json")}
+        extra = {"notes": status.notes, "preparation": status.preparation.model_dump(mode="json"),
+                 "counts": {s.value: n for s, n in status.counts.items()}, "shown": status.shown}  # fmt: skip
         print_json(JobReport.from_status(status).model_dump(mode="json") | extra)
     else:
         print(format_status(status))
@@ -365,8 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("status", help="a job's state, progress and result", parents=conn)
+    p = sub.add_parser("status", help="a job's state, progress and result (a summary of a big job)", parents=conn)
     p.add_argument("job_id", type=job_id)
+    p.add_argument("--device", type=device_id, action="append", metavar="D", help="show the part of device D (repeatable)")
+    p.add_argument("--state", choices=[s.value for s in PartState], help="show the parts in this state")
+    p.add_argument("--page", type=page_number, metavar="N", help=f"show page N (from 0) of the parts, {STATUS_PARTS} per page")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 

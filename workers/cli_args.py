@@ -84,6 +84,13 @@ def _positive(text: str, unit: str, what: str) -> float:
     return value
 
 
+def page_number(text: str) -> int:
+    """An argparse type: a page number, 0 or more."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"invalid page {text!r}: a whole number, 0 or more")
+    return int(text)
+
+
 def power_cap(text: str) -> float:
     """An argparse type: a board power cap, a finite number of watts above 0."""
     return _positive(text, "watts", "a power cap")

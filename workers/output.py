@@ -107,7 +107,9 @@ def format_report(report: JobReport) -> str:
 
 def format_status(status: JobStatus) -> str:
     """A job's report, then what each device does now, notes on stalled queues, the events."""
-    lines = [format_report(JobReport.from_status(status))]
+    lines = [format_report(JobReport.from_status(status)), "", status.counts_line()]
+    if status.shown:
+        lines.append(f"shown: {status.shown}")
     if not status.finished:
         lines += ["", "now:"] + [f"  {d}: {part_line(status, d)}" for d in status.parts]
     if estimation := status.preparation.estimation:

@@ -10,6 +10,8 @@ token: a write of an attempt that no longer holds the part is refused."""
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -31,11 +33,10 @@ from ..jobs import (
     JobStatus,
     JobSummary,
     PartState,
-    job_state,
     state_of_counts,
 )
 from ..keys import Keys
-from ..limits import MAX_EVENTS_KEPT
+from ..limits import MAX_EVENTS_KEPT, RECORDS_KEPT
 from ..part_events import Change, PartEvent, transition
 from ..schemas import JobSpec, utc_now
 from .connection import text, texts
@@ -111,6 +112,8 @@ class JobStore:
     def __init__(self, client: redis.Redis, keys: Keys, retention_s: float | None = None):
         self._redis, self._keys, self.retention_s = client, keys, retention_s
         self._fenced_write = client.register_script(_FENCED_WRITE)
+        self._parsed: OrderedDict[str, tuple[bytes | str, JobRecord, dict[str, int]]] = OrderedDict()
+        self._parsed_lock = threading.Lock()
 
     def _transaction(self, key: str, apply: Callable[[Pipeline], T]) -> T:
         """`apply`'s value, its writes (queued after `multi()`) made only if `key` did not change
@@ -137,6 +140,7 @@ class JobStore:
             for d in spec.devices:
                 p.sadd(self._keys.device_jobs(d.device_id), job_id)
             p.hset(self._keys.job_states(job_id), PartState.pending.value, len(spec.devices))
+            p.sadd(self._keys.parts_in(job_id, PartState.pending.value), *[d.device_id for d in spec.devices])
             p.zadd(self._keys.jobs(), {job_id: record.created_at.timestamp()})
             p.zadd(self._keys.unplanned(), {job_id: record.created_at.timestamp()})
             p.rpush(self._keys.events(job_id), event.model_dump_json())
@@ -158,9 +162,34 @@ class JobStore:
             self._redis.zadd(self._keys.unplanned(), dict.fromkeys(job_ids, at_s), xx=True)
 
     def record(self, job_id: str) -> JobRecord | None:
-        """The job's record (spec and submission time), None for an unknown id."""
+        """The job's record (spec and submission time), None for an unknown id. Records are
+        parsed once per process and change: a job of 10 000 devices is a megabyte of JSON."""
+        parsed = self._parse(job_id)
+        return parsed[1] if parsed else None
+
+    def position(self, job_id: str, device_id: str) -> int | None:
+        """Where `device_id` is in the job's list of devices; None when the job or the device
+        in it is unknown."""
+        parsed = self._parse(job_id)
+        return parsed[2].get(device_id) if parsed else None
+
+    def _parse(self, job_id: str) -> tuple[bytes | str, JobRecord, dict[str, int]] | None:
+        """(raw, record, position of each device id), parsed again only when the raw changed."""
         raw = self._redis.get(self._keys.job(job_id))
-        return JobRecord.model_validate_json(raw) if raw else None
+        if not raw:
+            return None
+        with self._parsed_lock:
+            kept = self._parsed.get(job_id)
+        if kept is not None and kept[0] == raw:
+            return kept
+        record = JobRecord.model_validate_json(raw)
+        parsed = (raw, record, {d.device_id: i for i, d in enumerate(record.spec.devices)})
+        with self._parsed_lock:
+            self._parsed[job_id] = parsed
+            self._parsed.move_to_end(job_id)
+            while len(self._parsed) > RECORDS_KEPT:
+                self._parsed.popitem(last=False)
+        return parsed
 
     def part(self, job_id: str, device_id: str) -> DevicePart:
         """One device's part of a job; JobNotFoundError when there is none."""
@@ -209,6 +238,7 @@ class JobStore:
         if after.state != before.state:
             p.hincrby(k.job_states(job_id), before.state.value, -1)
             p.hincrby(k.job_states(job_id), after.state.value, 1)
+            p.smove(k.parts_in(job_id, before.state.value), k.parts_in(job_id, after.state.value), device_id)
             if after.report is not None and not after.report.reached:
                 p.hincrby(k.job_states(job_id), NOT_REACHED, 1)
         member = f"{job_id}/{device_id}"
@@ -248,12 +278,14 @@ class JobStore:
         return state
 
     def _job_keys(self, job_id: str) -> list[str]:
-        """Every key of a job: its record, parts, progress, checkpoints, events and counts."""
+        """Every key of a job: its record, parts, progress, checkpoints, events, counts and
+        devices by state."""
         record = self.record(job_id)
         devices = [d.device_id for d in record.spec.devices] if record else []
         k = self._keys
         per_device = [key for d in devices for key in (k.part(job_id, d), k.progress(job_id, d), k.checkpoint(job_id, d))]
-        return [k.job(job_id), k.events(job_id), k.job_states(job_id), k.once(f"finished:{job_id}"), *per_device]
+        by_state = [k.parts_in(job_id, s.value) for s in PartState]
+        return [k.job(job_id), k.events(job_id), k.job_states(job_id), k.once(f"finished:{job_id}"), *by_state, *per_device]
 
     def _persist(self, p: Pipeline, job_id: str) -> None:
         for key in self._job_keys(job_id):
@@ -312,28 +344,46 @@ class JobStore:
         if parts:
             self._redis.zadd(self._keys.dispatched(), {f"{j}/{d}": at_s for j, d in parts}, xx=True)
 
-    def status(self, job_id: str) -> JobStatus:
-        """The job's record, parts, progress and events, in two round trips whatever its size."""
-        record = self.record(job_id)
-        if record is None:
+    def status(self, job_id: str, devices: list[str] | None = None, newest_events: int | None = None) -> JobStatus:
+        """The job's record, counts of parts per state, the parts and progress of `devices`
+        (default: every device), and its events (the newest `newest_events`, default every
+        one kept): two round trips whatever the job's size."""
+        parsed = self._parse(job_id)
+        if parsed is None:
             raise JobNotFoundError(f"no job {job_id!r}")
-        ids = [d.device_id for d in record.spec.devices]
+        _, record, positions = parsed
+        ids = [d.device_id for d in record.spec.devices] if devices is None else devices
+        unknown = [d for d in ids if d not in positions]
+        if unknown:
+            raise JobNotFoundError(f"job {job_id} has no device {unknown[0]!r}")
         with self._redis.pipeline(transaction=False) as p:
-            p.mget([self._keys.part(job_id, d) for d in ids])
-            p.mget([self._keys.progress(job_id, d) for d in ids])
-            p.lrange(self._keys.events(job_id), 0, -1)
-            raw_parts, raw_progress, raw_events = p.execute()
-        parts = {d: DevicePart.model_validate_json(raw) for d, raw in zip(ids, raw_parts) if raw}
+            p.lrange(self._keys.events(job_id), -newest_events if newest_events else 0, -1)
+            p.hgetall(self._keys.job_states(job_id))
+            if ids:
+                p.mget([self._keys.part(job_id, d) for d in ids])
+                p.mget([self._keys.progress(job_id, d) for d in ids])
+            raw_events, raw_counts, *per_device = p.execute()
+        raw_parts, raw_progress = per_device or ([], [])
+        counts = _counts(raw_counts)[0]
         return JobStatus(
             job_id=job_id,
-            state=job_state(list(parts.values())),
+            state=state_of_counts(counts),
             spec=record.spec,
-            parts=parts,
+            parts={d: DevicePart.model_validate_json(raw) for d, raw in zip(ids, raw_parts) if raw},
             progress={d: FinetuneProgress.model_validate_json(raw) for d, raw in zip(ids, raw_progress) if raw},
             created_at=record.created_at,
             events=[JobEvent.model_validate_json(raw) for raw in raw_events],
             cancelled_at=record.cancelled_at,
+            counts=counts,
         )
+
+    def devices_in(self, job_id: str, state: PartState) -> list[str]:
+        """The job's devices whose part is in `state`, in the job's order."""
+        parsed = self._parse(job_id)
+        if parsed is None:
+            raise JobNotFoundError(f"no job {job_id!r}")
+        members = [d for d in texts(self._redis.smembers(self._keys.parts_in(job_id, state.value))) if d in parsed[2]]
+        return sorted(members, key=parsed[2].__getitem__)
 
     def summaries(self, limit: int = 100) -> list[JobSummary]:
         """The newest `limit` jobs, newest first, with their state (two round trips); jobs whose

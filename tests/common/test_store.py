@@ -237,3 +237,14 @@ def test_finished_jobs_are_pruned_and_running_ones_kept(store) -> None:
     assert store.jobs.prune(older_than_s=0) == ["done"]
     assert store.jobs.record("done") is None and store.jobs.job_ids() == ["running"]
     assert [j.job_id for j in store.jobs.summaries()] == ["running"]
+
+
+def test_a_job_record_is_parsed_once_until_it_changes(store) -> None:
+    store.jobs.create("j1", JobSpec.model_validate(quick_job()))
+    first = store.jobs.record("j1")
+    assert store.jobs.record("j1") is first  # the same record: not parsed again
+    assert store.jobs.position("j1", "tx2nx-1") == 1 and store.jobs.position("j1", "absent") is None
+    store.jobs.cancel("j1")
+    cancelled = store.jobs.record("j1")
+    assert cancelled is not first and cancelled is not None and cancelled.cancelled_at is not None
+    assert store.jobs.position("missing", "nano-1") is None and store.jobs.record("missing") is None

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from edgetrain.common.jobs import EventKind, FinetuneProgress, JobState, JobStatus, PartState
 from edgetrain.common.keys import vector_key
+from edgetrain.common.part_events import Failed
 from edgetrain.common.presets import quick_job
 from edgetrain.common.progress import ProfilingProgress, ProxyRunProgress
 from edgetrain.common.reports import JobReport, completed_message
@@ -386,3 +387,26 @@ def test_submit_timeout_gives_up_with_exit_124_and_says_nothing_picks_the_job_up
     lines = done.stderr.splitlines()  # a pipe: every event on one line, however long
     assert all(line.startswith(("note: ", "edgetrain: ", "[")) for line in lines), lines
     assert any(len(line) > 100 for line in lines)
+
+
+def test_status_of_a_big_job_is_a_summary_with_failed_parts_first_and_pages_on_request(store, redis_server, capsys) -> None:
+    devices = [{"device_id": f"dev-{i:03d}", "power_cap_w": 5.0} for i in range(120)]
+    store.jobs.create("big", JobSpec.model_validate(quick_job(devices)))
+    for i in (7, 99, 110):
+        store.jobs.apply("big", f"dev-{i:03d}", Failed(reason="no such device"))
+    client = EdgeTrainClient(redis_server.url)
+    summary = client.status("big")
+    assert summary.counts == {PartState.pending: 117, PartState.failed: 3} and not summary.finished
+    assert list(summary.parts)[:3] == ["dev-007", "dev-099", "dev-110"] and len(summary.parts) == 50
+    assert summary.shown is not None and "of 120 parts: the failed ones first" in summary.shown
+    last = client.status("big", page=2)
+    assert list(last.parts) == [f"dev-{i:03d}" for i in range(100, 120)] and "page 3 of 3" in (last.shown or "")
+    failed = client.status("big", state=PartState.failed)
+    assert list(failed.parts) == ["dev-007", "dev-099", "dev-110"] and "page 1 of 1 of the 3 failed parts" in (failed.shown or "")
+    assert list(client.status("big", devices=["dev-042"]).parts) == ["dev-042"]
+    assert len(client.report("big").devices) == 120  # the report covers every device
+    assert main(["--redis-url", redis_server.url, "status", "big", "--state", "failed"]) == ExitCode.ok
+    out = capsys.readouterr().out
+    assert "120 parts: 117 pending, 3 failed" in out and "dev-099" in out and "dev-042" not in out
+    assert main(["--redis-url", redis_server.url, "status", "big", "--device", "dev-500"]) == ExitCode.not_found
+    assert "job big has no device 'dev-500'" in capsys.readouterr().err
