@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import types
+from collections import Counter
 from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
@@ -218,8 +219,7 @@ class JobSpec(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
-        ids = [d.device_id for d in self.devices]
-        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        dupes = sorted(i for i, n in Counter(d.device_id for d in self.devices).items() if n > 1)
         if dupes:
             raise ValueError(f"devices: each device_id may appear once, repeated: {dupes}")
         if self.eval_every_samples > self.max_samples:

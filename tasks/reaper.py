@@ -54,11 +54,13 @@ def restore_message(app: Celery, task_id: str) -> bool:
     return bool(_restore_unacked(app, {task_id}))
 
 
-def _queued(app: Celery, queue: str, task_ids: set[str]) -> set[str]:
-    """Those of `task_ids` with a message waiting on `queue`."""
-    with app.connection_for_write() as connection:
-        raws = connection.default_channel.client.lrange(queue, 0, -1)
-    return {i for raw in raws if (i := json.loads(raw).get("headers", {}).get("id")) in task_ids}
+def _queued(app: Celery, queues: set[str], task_ids: set[str]) -> set[str]:
+    """Those of `task_ids` with a message waiting on one of `queues` (one round trip)."""
+    with app.connection_for_write() as connection, connection.default_channel.client.pipeline(transaction=False) as p:
+        for queue in queues:
+            p.lrange(queue, 0, -1)
+        waiting = [raw for raws in p.execute() for raw in raws]
+    return {i for raw in waiting if (i := json.loads(raw).get("headers", {}).get("id")) in task_ids}
 
 
 def _restore_unacked(app: Celery, task_ids: set[str]) -> set[str]:
@@ -165,9 +167,7 @@ def _unheld(store: Store, app: Celery, queues: dict[str, str]) -> set[str]:
     """Those of the tasks (task id -> its queue) that no process runs (no lease) and whose
     message does not wait on their queue."""
     missing = set(queues) - store.liveness.held(list(queues))
-    for queue in {queues[t] for t in missing}:
-        missing -= _queued(app, queue, missing)
-    return missing
+    return missing - _queued(app, {queues[t] for t in missing}, missing) if missing else missing
 
 
 def resend_lost(store: Store, app: Celery, settings: Settings) -> list[str]:
