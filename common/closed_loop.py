@@ -269,10 +269,7 @@ class RecordIdentity:
                posterior: RelationVector | None, power_cap_w: float | None) -> FinetuneRecord:  # fmt: skip
         """The record of a run with these segments (and its outcome, once finished)."""
         return FinetuneRecord(
-            record_id=self.record_id, model=self.model, weights=self.weights, data=self.data,
-            target_accuracy=self.target_accuracy, lr=self.lr, eval_every_samples=self.eval_every_samples,
-            device_type=self.device_type, power_cap_w=power_cap_w, seed=self.seed,
-            segments=[s.model_copy() for s in segments],
+            **vars(self), power_cap_w=power_cap_w, segments=[s.model_copy() for s in segments],
             reached=bool(outcome and outcome.reached), samples_to_accuracy=outcome.samples_to_accuracy if outcome else None,
             prior_key=prior_key, posterior=posterior,
         )  # fmt: skip

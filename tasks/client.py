@@ -181,8 +181,8 @@ class EdgeTrainClient:
         persistence) or device, InvalidIdError for one that is not an id."""
         jobs = self.store.jobs
         try:
-            total = len(record.spec.devices) if (record := jobs.record(checked_id(job_id, "job_id"))) else 0
-            shown, ids = self._shown(job_id, total, devices, state, page)
+            record = jobs.record(checked_id(job_id, "job_id"))
+            shown, ids = self._shown(job_id, [d.device_id for d in record.spec.devices] if record else [], devices, state, page)
             status = jobs.status(job_id, ids, None if shown is None else STATUS_PARTS)
         except JobNotFoundError as exc:
             identity = self.store.identity.current()
@@ -194,10 +194,11 @@ class EdgeTrainClient:
         })  # fmt: skip
 
     def _shown(
-        self, job_id: str, total: int, devices: list[str] | None, state: PartState | None, page: int | None
+        self, job_id: str, every: list[str], devices: list[str] | None, state: PartState | None, page: int | None
     ) -> tuple[str | None, list[str] | None]:
-        """(what is shown, when not every part; the devices to read, None for every one)."""
-        first = (page or 0) * STATUS_PARTS
+        """(what is shown, when not every part; the devices to read, None for every one), of a
+        job whose devices are `every`."""
+        first, total = (page or 0) * STATUS_PARTS, len(every)
         if devices is not None:
             return f"{len(devices)} of {total} parts: those asked for", [checked_id(d, "device_id") for d in devices]
         if state is not None:
@@ -205,12 +206,10 @@ class EdgeTrainClient:
             return _page_line(len(members), f"{state.value} ", first, total), members[first : first + STATUS_PARTS]
         if page is None and total <= STATUS_PARTS:
             return None, None
-        record = self.store.jobs.record(job_id)
-        ids = [d.device_id for d in record.spec.devices] if record else []
         if page is not None:
-            return _page_line(total, "", first, total), ids[first : first + STATUS_PARTS]
+            return _page_line(total, "", first, total), every[first : first + STATUS_PARTS]
         failed = self.store.jobs.devices_in(job_id, PartState.failed)[:STATUS_PARTS]
-        more = [d for d in ids[:STATUS_PARTS] if d not in failed][: STATUS_PARTS - len(failed)]
+        more = [d for d in every[:STATUS_PARTS] if d not in failed][: STATUS_PARTS - len(failed)]
         line = (f"{len(failed) + len(more)} of {total} parts: the failed ones first, then the first devices, and the newest "
                 f"{STATUS_PARTS} events; --page N, --state S or --device D show others")  # fmt: skip
         return line, failed + more

@@ -32,7 +32,7 @@ from typing_extensions import override
 from edgetrain.common.jobs import EventKind, PartState
 from edgetrain.common.keys import vector_key, vector_resource
 from edgetrain.common.part_events import AttemptLost, Redispatched, Refused
-from edgetrain.common.payloads import ProfileRequest, ProxyRunRequest, device_page, profile_resource
+from edgetrain.common.payloads import ProfileRequest, ProxyRunRequest, profile_resource
 from edgetrain.common.settings import Settings
 from edgetrain.common.store import JobNotFoundError, Lease, Store, token_job
 
@@ -123,7 +123,7 @@ def hand_on(store: Store, app: Celery, settings: Settings, lease: Lease) -> bool
     if job_id and not fine_tune:  # a fine-tune's part logged it when it let the attempt go
         store.jobs.event(job_id, EventKind.attempt_lost, message, lease.device_id)
     if job_id and lease.task not in (TaskName.advance_job.value, TaskName.advance_page.value):
-        _advance(store, app, settings, job_id, lease.device_id)
+        _advance(store, app, job_id, lease.device_id)
     return True
 
 
@@ -200,13 +200,14 @@ def start_unplanned(store: Store, app: Celery, settings: Settings) -> list[str]:
     return jobs
 
 
-def _advance(store: Store, app: Celery, settings: Settings, job_id: str, device_id: str | None) -> None:
+def _advance(store: Store, app: Celery, job_id: str, device_id: str | None) -> None:
     """Advance the page of the job that holds `device_id` (the whole job without a device)."""
-    if device_id is None:
-        if store.jobs.record(job_id) is not None:
-            send(app, TaskName.advance_job, job_id)
-    elif (position := store.jobs.position(job_id, device_id)) is not None:
-        send(app, TaskName.advance_page, device_page(job_id, position, settings.page_size))
+    from .workflow import advance_device
+
+    if device_id is not None:
+        advance_device(job_id, device_id)
+    elif store.jobs.record(job_id) is not None:
+        send(app, TaskName.advance_job, job_id)
 
 
 def reap_once(store: Store, app: Celery, settings: Settings, silent_before: frozenset[str] = frozenset()) -> frozenset[str]:
@@ -224,7 +225,7 @@ def reap_once(store: Store, app: Celery, settings: Settings, silent_before: froz
     silent = frozenset(store.fleet.silent_since(settings.heartbeat_ttl_s))
     for device_id in sorted(silent | silent_before):
         for job_id in store.jobs.device_jobs(device_id):
-            _advance(store, app, settings, job_id, device_id)
+            _advance(store, app, job_id, device_id)
     return silent
 
 

@@ -6,7 +6,7 @@ import random
 import pytest
 import redis
 
-from edgetrain.common.jobs import EventKind, PartState
+from edgetrain.common.jobs import DevicePart, EventKind, PartState
 from edgetrain.common.keys import table_id, table_resource, vector_key, vector_resource
 from edgetrain.common.part_events import AttemptCancelled, AttemptFinished, AttemptStarted, Requeued, request_digest
 from edgetrain.common.payloads import FinetuneRequest, JobPage, ProfileRequest
@@ -218,13 +218,17 @@ def test_cancel_stops_parts_no_attempt_runs_at_once_and_asks_running_ones_to_sto
     assert [t.name for t in queued_tasks(broker, device_queue("d1"))].count(TaskName.finetune.value) == 2  # the first, then this one
 
 
+def dispatched(s) -> DevicePart:
+    """The part of device d1 of a new job j1, its fine-tune dispatched."""
+    register(s, "d1")
+    store_resources(s, submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}]))
+    advance_job("j1")
+    return s.jobs.part("j1", "d1")
+
+
 def test_a_dispatched_fine_tune_whose_message_is_lost_is_sent_again_under_its_token(s, broker) -> None:
     settings = context.settings()
-    register(s, "d1")
-    spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
-    store_resources(s, spec)
-    advance_job("j1")
-    token = s.jobs.part("j1", "d1").dispatch.token
+    token = dispatched(s).dispatch.token
     (message,) = queued_tasks(broker, device_queue("d1"))
     assert message.id == token
     app = context.app()
@@ -244,11 +248,7 @@ def test_a_dispatched_fine_tune_whose_message_is_lost_is_sent_again_under_its_to
 
 def test_a_lost_fine_tune_attempt_lets_its_part_go_before_its_message_is_restored(s, broker) -> None:
     settings = context.settings()
-    register(s, "d1")
-    spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
-    store_resources(s, spec)
-    advance_job("j1")
-    part = s.jobs.part("j1", "d1")
+    part = dispatched(s)
     s.jobs.apply("j1", "d1", AttemptStarted(dispatch=part.dispatch.token, digest=request_digest(part.dispatch.request),
                                             attempt="a1", node="device-d1@h"))  # fmt: skip
     lease = Lease(task_id=part.dispatch.token, task=TaskName.finetune.value, attempt="a1", node="device-d1@h", job_id="j1", device_id="d1")
