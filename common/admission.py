@@ -39,7 +39,7 @@ def dataset_problems(field: str, ref: DatasetRef) -> list[str]:
 def dataset_refs(raw: dict[str, Any]) -> dict[str, DatasetRef]:
     """The dataset references of a job spec (a dict, possibly invalid elsewhere), by field;
     references that are themselves malformed are left to the schema's errors."""
-    values = {"dataset": raw.get("dataset"), "proxy_dataset": raw.get("proxy_dataset")}
+    values = {"dataset": raw.get("dataset"), "proxy_dataset": raw.get("proxy_dataset"), "test_dataset": raw.get("test_dataset")}
     devices = raw.get("devices")
     for i, device in enumerate(devices if isinstance(devices, list) else []):
         if isinstance(device, dict) and device.get("dataset") is not None:

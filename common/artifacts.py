@@ -66,9 +66,20 @@ def get_bytes(url: str, store: Path) -> bytes:
 
 def put_state_dict(model: nn.Module, name: str, folder: Path) -> str:
     """Store a model's weights (a state_dict) in the store `folder`; returns its reference."""
+    return put_state(model.state_dict(), name, folder)
+
+
+def put_state(state: dict[str, torch.Tensor], name: str, folder: Path) -> str:
+    """Store a state_dict in the store `folder`, named by its content hash; returns its reference."""
     buffer = io.BytesIO()
-    torch.save(model.state_dict(), buffer)
+    torch.save(state, buffer)
     return put_bytes(buffer.getvalue(), name, folder)
+
+
+def get_state(url: str, folder: Path) -> dict[str, torch.Tensor]:
+    """A state_dict stored with `put_state` (tensors only: nothing else is unpickled)."""
+    state: dict[str, torch.Tensor] = torch.load(io.BytesIO(get_bytes(url, folder)), map_location="cpu", weights_only=True)
+    return state
 
 
 def initial_model(model_name: str, weights: str, num_classes: int, store: Path | None = None) -> nn.Module:
@@ -77,9 +88,8 @@ def initial_model(model_name: str, weights: str, num_classes: int, store: Path |
     seed = init_seed(weights)
     if seed is not None:
         return build_model(model_name, num_classes, seed)
-    data = get_bytes(weights, store or get_settings().artifact_dir)
     model = build_model(model_name, num_classes, 0)
-    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    state = get_state(weights, store or get_settings().artifact_dir)
     own = model.state_dict()
     unknown = sorted(set(state) - set(own))
     if unknown:

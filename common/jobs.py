@@ -115,6 +115,8 @@ class EventKind(str, Enum):
     cancelled = "cancelled"
     requeued = "requeued"  # a failed or cancelled part is planned again
     set_aside = "set_aside"  # a stored table or vector no longer loaded: set aside, and produced again
+    federated_round = "federated_round"  # a round of a federated job opened, closed or was aggregated
+    federated_update = "federated_update"  # a device's update of a federated round arrived, late or refused
     store_failover = "store_failover"  # Redis Sentinel promoted a replica: the store runs on a new master
 
 

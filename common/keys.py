@@ -41,6 +41,12 @@
     <p>:dispatched                         zset "<job>/<device>" of fine-tunes dispatched and not
                                            finished -> when a task was last seen for it (s)
     <p>:job:<id>:checkpoint:<device>       CheckpointRef JSON: the fine-tune's last checkpoint
+    <p>:federated                          zset of federated job ids by submit time
+    <p>:federated:active                   set of federated jobs not yet finished
+    <p>:fed:<id>                           FederatedRecord JSON
+    <p>:fed:<id>:state                     FederatedState JSON: round, phase, global model, rounds so far
+    <p>:fed:<id>:round:<r>                 hash device -> LocalUpdate JSON: the updates of round r
+    <p>:fed:<id>:events                    list of JobEvent JSON (the newest MAX_EVENTS_KEPT)
     <p>:lock:job:<id>:<page>               the lock held while a page of a job advances
     <p>:set-aside:<key>:<UTC time>         a record that no longer loaded, moved from <p>:<key> as it was
     <p>:set-asides                         hash set-aside key -> SetAside JSON: where it was, why, when
@@ -235,6 +241,24 @@ class Keys:
     def parts_in(self, job_id: str, state: str) -> str:
         """The set of the job's devices whose part is in `state`."""
         return f"{self.job(job_id)}:in:{state}"
+
+    def federated_jobs(self) -> str:
+        return f"{self.prefix}:federated"
+
+    def federated_active(self) -> str:
+        return f"{self.prefix}:federated:active"
+
+    def federated(self, job_id: str) -> str:
+        return f"{self.prefix}:fed:{checked_id(job_id, 'job_id')}"
+
+    def federated_state(self, job_id: str) -> str:
+        return f"{self.federated(job_id)}:state"
+
+    def federated_round(self, job_id: str, round_number: int) -> str:
+        return f"{self.federated(job_id)}:round:{int(round_number)}"
+
+    def federated_events(self, job_id: str) -> str:
+        return f"{self.federated(job_id)}:events"
 
     def sent_tasks(self) -> str:
         return f"{self.prefix}:sent"

@@ -112,25 +112,30 @@ class Trainer:
         self._order, self._cursor = state["order"], state["cursor"]
         self.samples, self.steps, self.batch_size = state["samples"], state["steps"], state["batch_size"]
 
-    @torch.no_grad()
     def evaluate(self) -> float:
         """Accuracy on the test split (fraction; per character for sequence targets); the mean
         cross-entropy of the same pass is kept in `test_loss` (nats)."""
         if self.test is None:
             raise ValueError("no test split to evaluate on")
-        self.model.eval()
-        x, y = self.test
-        correct = total = 0
-        loss_sum = 0.0
-        for start in range(0, len(y), EVAL_CHUNK):
-            chunk = y[start : start + EVAL_CHUNK]
-            loss, hits = loss_and_correct(self.model(x[start : start + EVAL_CHUNK]), chunk)
-            correct += int(hits)
-            total += chunk.numel()
-            loss_sum += float(loss) * chunk.numel()
-        self.model.train()
-        self.test_loss = loss_sum / total
-        return correct / total
+        accuracy, self.test_loss = evaluate(self.model, *self.test)
+        return accuracy
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """Accuracy of `model` on inputs `x` and targets `y` (fraction; per character for sequence
+    targets) and the mean cross-entropy (nats), in chunks; the model is left in training mode."""
+    model.eval()
+    correct = total = 0
+    loss_sum = 0.0
+    for start in range(0, len(y), EVAL_CHUNK):
+        chunk = y[start : start + EVAL_CHUNK]
+        loss, hits = loss_and_correct(model(x[start : start + EVAL_CHUNK]), chunk)
+        correct += int(hits)
+        total += chunk.numel()
+        loss_sum += float(loss) * chunk.numel()
+    model.train()
+    return correct / total, loss_sum / total
 
 
 @dataclass

@@ -15,7 +15,8 @@ from .contract import CONTROL_QUEUE, FIXED_ROUTES, TaskName
 from .signing import enable_signing, signing_config
 from .tls import tls_config
 
-TASK_MODULES = ("edgetrain.tasks.workflow", "edgetrain.tasks.server", "edgetrain.tasks.device")
+TASK_MODULES = ("edgetrain.tasks.workflow", "edgetrain.tasks.federated", "edgetrain.tasks.server", "edgetrain.tasks.device",
+                "edgetrain.tasks.federated_work")
 
 app = Celery("edgetrain", set_as_current=False)
 
@@ -75,6 +76,9 @@ def time_limits(settings: Settings) -> dict[str, dict[str, int]]:
         TaskName.finetune: settings.training_time_limit_s,
         TaskName.train_proxy: settings.training_time_limit_s,
         TaskName.pretrain: settings.training_time_limit_s,
+        TaskName.federated_advance: settings.control_time_limit_s,
+        TaskName.federated_train: settings.training_time_limit_s,
+        TaskName.federated_aggregate: settings.training_time_limit_s,
     }
     return {task.value: limits(hard_s) for task, hard_s in kinds.items()}
 

@@ -19,8 +19,10 @@ from pydantic import ValidationError
 from edgetrain.common.admission import dataset_refs, spec_problems
 from edgetrain.common.datasets import USER_DATA, DatasetMissingError, locate
 from edgetrain.common.documents import nesting_problem
+from edgetrain.common.federated.records import FINAL, FederatedRecord, FederatedState, FederatedStatus
+from edgetrain.common.federated.spec import FederatedSpec
 from edgetrain.common.ids import checked_id
-from edgetrain.common.jobs import DevicePart, JobState, JobStatus, JobSummary, PartState
+from edgetrain.common.jobs import DevicePart, EventKind, JobEvent, JobState, JobStatus, JobSummary, PartState
 from edgetrain.common.keys import (
     DEFAULT_PREFIX,
     table_id,
@@ -46,7 +48,7 @@ from edgetrain.common.schemas import (
     RelationVector,
 )
 from edgetrain.common.settings import Settings, get_settings
-from edgetrain.common.store import JobNotFoundError, LiveWorker, Store, claim_token
+from edgetrain.common.store import JobFinished, JobNotFoundError, LiveWorker, Store, claim_token
 from edgetrain.common.store.resources import OnSetAside
 
 from .app import producer_app
@@ -68,20 +70,37 @@ def validate_job(spec: JobSpec | dict[str, Any]) -> JobSpec:
     JobSpecError naming every bad field at once (its form, then what it names). A user
     model's module is checked against EDGETRAIN_ALLOWED_MODEL_MODULES when this process has
     it (the workers always do)."""
-    raw = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else spec
+    return _validated(JobSpec, spec, "job spec")
+
+
+def validate_federated(spec: FederatedSpec | dict[str, Any]) -> FederatedSpec:
+    """Validate a federated job spec (`kind: federated`) as `validate_job` does a job's."""
+    return _validated(FederatedSpec, spec, "federated job spec")
+
+
+SpecT = TypeVar("SpecT", JobSpec, FederatedSpec)
+
+
+def _validated(kind: type[SpecT], spec: SpecT | dict[str, Any], what: str) -> SpecT:
+    raw = spec.model_dump(mode="json") if isinstance(spec, kind) else spec
     if problem := nesting_problem(raw):
-        raise JobSpecError(f"invalid job spec:\n  (job): {problem}")
+        raise JobSpecError(f"invalid {what}:\n  (job): {problem}")
     lines = []
     try:
-        job = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
+        job = spec if isinstance(spec, kind) else kind.model_validate(spec)
     except ValidationError as exc:
         lines = [f"{'.'.join(map(str, e['loc'])) or '(job)'}: {e['msg']}" for e in exc.errors()]
     if isinstance(raw, dict):
         named = {line.split(":")[0] for line in lines}
         lines += [p for p in spec_problems(raw, get_settings().allowed_model_modules or None) if p.split(":")[0] not in named]
     if lines:
-        raise JobSpecError("invalid job spec:\n  " + "\n  ".join(lines))
+        raise JobSpecError(f"invalid {what}:\n  " + "\n  ".join(lines))
     return job
+
+
+def is_federated(raw: object) -> bool:
+    """Whether a spec document asks for a federated job (`kind: federated`)."""
+    return isinstance(raw, dict) and raw.get("kind") == "federated"
 
 
 def datasets_missing_here(spec: JobSpec) -> list[str]:
@@ -165,6 +184,58 @@ class EdgeTrainClient:
             raise RedisFull(f"{full_message(self.store.redis_facts())}; job {job_id} was recorded but not queued: "
                             "submit it again once Redis has room") from None  # fmt: skip
         return job_id
+
+    def submit_federated(self, spec: FederatedSpec | dict[str, Any]) -> str:
+        """Validate and start a federated job (docs/federated.md); returns its id."""
+        job = validate_federated(spec)
+        try:
+            refuse_unsafe(self.store.redis_facts(), "to submit")
+        except redis.ResponseError:
+            pass
+        job_id = uuid.uuid4().hex[:12]
+        try:
+            self.store.federated.create(FederatedRecord(job_id=job_id, spec=job))
+            send(self.app, TaskName.federated_advance, job_id)
+        except redis.exceptions.OutOfMemoryError:
+            raise RedisFull(full_message(self.store.redis_facts())) from None
+        return job_id
+
+    def federated_status(self, job_id: str, events: int = 20) -> FederatedStatus | None:
+        """A federated job's record, state and newest `events` events; None when no federated
+        job has this id."""
+        f = self.store.federated
+        record, state = f.record(checked_id(job_id, "job_id")), f.state(job_id)
+        if record is None or state is None:
+            return None
+        return FederatedStatus(record=record, state=state, events=f.events(job_id)[-events:])
+
+    def wait_federated(self, job_id: str, timeout_s: float | None = None, poll_s: float = 0.5,
+                       on_update: Callable[[FederatedStatus], None] | None = None) -> FederatedStatus:  # fmt: skip
+        """Poll until the federated job finishes (TimeoutError after `timeout_s`)."""
+
+        def finished() -> FederatedStatus | None:
+            status = self.federated_status(job_id)
+            if status is None:
+                raise JobNotFoundError(f"no federated job {job_id}")
+            if on_update:
+                on_update(status)
+            return status if status.finished else None
+
+        return poll_until(finished, timeout_s, poll_s, f"federated job {job_id}")
+
+    def cancel_federated(self, job_id: str) -> FederatedStatus:
+        """Stop a federated job: no round opens or aggregates after this; updates on their way
+        are discarded. JobFinished when it has finished already."""
+
+        def decide(state: FederatedState, _: object) -> FederatedState:
+            if state.phase in FINAL:
+                raise JobFinished(f"federated job {job_id} has finished ({state.phase}): nothing to cancel")
+            return state.model_copy(update={"phase": "cancelled", "reason": "cancelled", "assignments": [], "notice": None})
+
+        self.store.federated.change(checked_id(job_id, "job_id"), decide, JobEvent(kind=EventKind.cancelled, message="cancelled"))
+        status = self.federated_status(job_id)
+        assert status is not None
+        return status
 
     def status(
         self, job_id: str, devices: list[str] | None = None, state: PartState | None = None, page: int | None = None

@@ -34,6 +34,9 @@ class TaskName(str, Enum):
     estimate_relation_vector = "edgetrain.estimate_relation_vector"  # EstimationRequest -> EstimateResult
     train_proxy = "edgetrain.train_proxy"  # ProxyRunRequest -> TrainingOutcome
     pretrain = "edgetrain.pretrain"  # PretrainRequest -> PretrainResult
+    federated_advance = "edgetrain.federated_advance"  # payload: the federated job id
+    federated_train = "edgetrain.federated_train"  # TrainRequest -> the update's acceptance
+    federated_aggregate = "edgetrain.federated_aggregate"  # AggregateRequest -> the round's global accuracy
 
 
 class TaskFailed(RuntimeError):
@@ -63,7 +66,9 @@ FIXED_ROUTES: dict[TaskName, str] = {
     TaskName.estimate_relation_vector: SERVER_QUEUE,
     TaskName.train_proxy: SERVER_QUEUE,
     TaskName.pretrain: SERVER_QUEUE,
-}  # profile_device and finetune go to the queue of the device they name
+    TaskName.federated_advance: CONTROL_QUEUE,
+    TaskName.federated_aggregate: SERVER_QUEUE,
+}  # profile_device, finetune and federated_train go to the queue of the device they name
 
 
 def claiming_job(owner: object) -> str | None:
@@ -88,9 +93,14 @@ def label(task: TaskName, body: dict[str, Any] | str, job_id: str | None = None)
         subject = f"{body.get('device_id')} b={body.get('batch_size')} f={body.get('frequency_hz')}"
     elif task == TaskName.train_proxy:
         subject = f"b={body.get('batch_size')} seed={body.get('seed')}"
+    elif task == TaskName.federated_train:
+        subject = (f"{body.get('device_id')} round {body.get('round')} b={body.get('batch_size')} f={body.get('frequency_hz')} "
+                   f"x{body.get('local_steps')}")  # fmt: skip
+    elif task == TaskName.federated_aggregate:
+        subject = f"round {body.get('round')}"
     else:  # estimate_relation_vector, pretrain
         subject = str(body.get("model") or body.get("request", {}).get("model"))
-    sep = "/" if task in (TaskName.profile_device, TaskName.finetune) else " "
+    sep = "/" if task in (TaskName.profile_device, TaskName.finetune, TaskName.federated_train) else " "
     return f"{task.value}[{job}{sep}{subject}]" if job else f"{task.value}[{subject}]"
 
 
@@ -120,11 +130,15 @@ def send_tracked(
 ) -> AsyncResult:
     """`send`, written down in the ledger first (common/store/ledger.py): a message Redis loses
     is sent again by the reaper until the task has run."""
-    route = queue or FIXED_ROUTES[task]
-    body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
-    sent = SentTask(task_id=uuid.uuid4().hex, task=task.value, queue=route, payload=body, job_id=job_id)
+    sent = to_track(task, payload, queue, job_id)
     ledger.record(sent)
-    return send(app, task, payload, route, job_id, sent.task_id)
+    return send_again(app, sent)
+
+
+def to_track(task: TaskName, payload: BaseModel | str, queue: str | None = None, job_id: str | None = None) -> SentTask:
+    """A task as the ledger of sent tasks keeps it (under a new task id), to write down and then send."""
+    body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+    return SentTask(task_id=uuid.uuid4().hex, task=task.value, queue=queue or FIXED_ROUTES[task], payload=body, job_id=job_id)
 
 
 def send_again(app: Celery, sent: SentTask) -> AsyncResult:

@@ -222,6 +222,8 @@ def reap_once(store: Store, app: Celery, settings: Settings, silent_before: froz
     redispatch_orphans(store, app, settings)
     resend_lost(store, app, settings)
     start_unplanned(store, app, settings)
+    for job_id in store.federated.due():
+        send(app, TaskName.federated_advance, job_id)
     silent = frozenset(store.fleet.silent_since(settings.heartbeat_ttl_s))
     for device_id in sorted(silent | silent_before):
         for job_id in store.jobs.device_jobs(device_id):

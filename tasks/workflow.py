@@ -146,6 +146,9 @@ def advance_job(job_id: str) -> str:
     else one `advance_page` task per page (control workers run them side by side, and no lock
     or read grows with the fleet). Returns the job's state, or "paged"."""
     record = store().jobs.record(job_id)
+    if record is None and store().federated.record(job_id) is not None:  # a table it waited for is stored
+        send(app, TaskName.federated_advance, job_id)
+        return "federated"
     if record is None:
         logger.warning("advance_job: no job %s", job_id)
         return "unknown job"

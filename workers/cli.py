@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -45,6 +45,7 @@ from .output import (
 from .profile_cli import add_profile_commands
 
 if TYPE_CHECKING:
+    from edgetrain.common.federated.records import FederatedStatus
     from edgetrain.tasks.client import EdgeTrainClient
 
 
@@ -70,7 +71,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from .celery_worker import run_worker
 
         return run_worker(settings, "control", [CONTROL_QUEUE], args.name or "control", args.concurrency, args.loglevel,
-                          ("edgetrain.tasks.workflow",))  # fmt: skip
+                          ("edgetrain.tasks.workflow", "edgetrain.tasks.federated"))  # fmt: skip
     from .device_worker import make_device, run_device_worker
 
     if not args.device_id or not args.backend:
@@ -103,12 +104,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
     """`edgetrain submit JOB.json [--wait] [--timeout S]`: prints the job id, then notes on stderr;
     waiting, progress on stderr and the report on stdout, with the job's exit status."""
     from edgetrain.common.documents import DocumentError, read_document
-    from edgetrain.tasks.client import JobSpecError, datasets_missing_here, validate_job
+    from edgetrain.tasks.client import JobSpecError, datasets_missing_here, is_federated, validate_job
 
     from .progress import JobProgress
 
     try:
-        spec = validate_job(read_document(args.job, "job spec"))
+        raw = read_document(args.job, "job spec")
+        if is_federated(raw):
+            return _submit_federated(args, raw)
+        spec = validate_job(raw)
     except (DocumentError, JobSpecError) as exc:
         print(exc, file=sys.stderr)
         return ExitCode.usage
@@ -138,6 +142,34 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return job_exit_code(report)
 
 
+def _submit_federated(args: argparse.Namespace, raw: dict[str, Any]) -> int:
+    """`edgetrain submit FEDERATED.json`: prints the job id; waiting, each round on stderr and
+    the job at the end on stdout; exit 0 when it reached its target, 1 when not."""
+    from edgetrain.tasks.client import validate_federated
+
+    from .federated_output import format_federated
+
+    client = _client(args)
+    job_id = client.submit_federated(validate_federated(raw))
+    print(job_id, flush=True)
+    if not args.wait and args.timeout is None:
+        return ExitCode.ok
+    rounds_seen = [0]
+
+    def show(status: FederatedStatus) -> None:
+        for r in status.state.rounds[rounds_seen[0]:]:
+            note(f"round {r.round}: global accuracy {r.accuracy:.4f}, {len(r.devices)} updates, {r.elapsed_s:.2f} device s so far")
+        rounds_seen[0] = len(status.state.rounds)
+
+    try:
+        status = client.wait_federated(job_id, args.timeout, on_update=show)
+    except TimeoutError:
+        note(f"edgetrain: federated job {job_id} not finished after {args.timeout:g} s (it goes on; `edgetrain status {job_id}`)")
+        return ExitCode.timed_out
+    print_json(status) if args.json else print(format_federated(status))
+    return ExitCode.ok if status.state.phase == "completed" else ExitCode.failed
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     """`edgetrain jobs [--state S]`: the newest jobs."""
     from edgetrain.common.jobs import JobState
@@ -161,8 +193,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     """`edgetrain cancel JOB_ID`."""
     from edgetrain.common.store import JobFinished
 
+    client = _client(args)
     try:
-        status = _client(args).cancel(args.job_id)
+        if client.federated_status(args.job_id) is not None:
+            cancelled = client.cancel_federated(args.job_id)
+            print_json(cancelled) if args.json else note(f"federated job {args.job_id}: cancelled; no round opens or aggregates after this")
+            return ExitCode.ok
+        status = client.cancel(args.job_id)
     except JobFinished as exc:
         print(f"edgetrain: {exc}", file=sys.stderr)
         return ExitCode.finished
@@ -211,8 +248,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     notes included; a big job's summary unless other parts are asked for."""
     from edgetrain.common.reports import JobReport
 
+    from .federated_output import format_federated
+
+    client = _client(args)
+    if (federated := client.federated_status(args.job_id)) is not None:
+        print_json(federated) if args.json else print(format_federated(federated))
+        return ExitCode.ok
     state = PartState(args.state) if args.state else None
-    status = _client(args).status(args.job_id, args.device or None, state, args.page)
+    status = client.status(args.job_id, args.device or None, state, args.page)
     if args.json:
         extra = {"notes": status.notes, "preparation": status.preparation.model_dump(mode="json"),
                  "counts": {s.value: n for s, n in status.counts.items()}, "shown": status.shown}  # fmt: skip

@@ -18,7 +18,7 @@ from edgetrain.tasks.contract import device_queue
 
 from .celery_worker import consume
 
-DEVICE_TASKS = ("edgetrain.tasks.workflow", "edgetrain.tasks.device")
+DEVICE_TASKS = ("edgetrain.tasks.workflow", "edgetrain.tasks.device", "edgetrain.tasks.federated_work")
 
 BACKENDS = "sim:<twin name or spec file>, jetson, nvml"
 

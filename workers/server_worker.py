@@ -12,7 +12,7 @@ from edgetrain.tasks.contract import SERVER_QUEUE
 
 from .celery_worker import run_worker
 
-SERVER_TASKS = ("edgetrain.tasks.workflow", "edgetrain.tasks.server")
+SERVER_TASKS = ("edgetrain.tasks.workflow", "edgetrain.tasks.server", "edgetrain.tasks.federated_work")
 
 
 def run_server_workers(settings: Settings, name: str | None, concurrency: int, gpus: str | None, loglevel: str) -> int:

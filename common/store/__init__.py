@@ -16,6 +16,7 @@
     store.monitoring   counters, bulk reads for metrics        (Monitoring)
     store.learned      what completed fine-tunes measured,     (LearnedStore)
                        by data, for later jobs' priors
+    store.federated    federated jobs: state, rounds' updates  (FederatedStore)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..keys import DEFAULT_PREFIX, Keys
 from ..redis_health import RedisFacts, read_facts
 from .connection import connect
 from .coordination import Coordination, claim_token, token_job
+from .federated import FederatedStore
 from .fleet import DeviceIdTaken, FleetRegistry
 from .identity import IdentityRegistry, StoreIdentity
 from .jobs import Applied, JobFinished, JobNotFoundError, JobStore, Written
@@ -38,7 +40,8 @@ from .resources import ResourceStore, SetAside
 
 __all__ = [
     "Applied", "JobFinished", "Written",
-    "Coordination", "DeviceIdTaken", "FleetRegistry", "IdentityRegistry", "JobNotFoundError", "JobStore", "JobView", "LearnedStore",
+    "Coordination", "DeviceIdTaken", "FederatedStore",
+    "FleetRegistry", "IdentityRegistry", "JobNotFoundError", "JobStore", "JobView", "LearnedStore",
     "Lease",
     "LiveWorker", "Liveness", "Monitoring", "ProgressStore", "ResourceStore", "SentTask", "SetAside", "Store", "StoreIdentity",
     "TaskLedger", "WorkerInfo", "claim_token", "connect", "token_job",
@@ -61,6 +64,7 @@ class Store:
         self.ledger = TaskLedger(client, keys)
         self.monitoring = Monitoring(client, keys)
         self.learned = LearnedStore(client, keys)
+        self.federated = FederatedStore(client, keys)
 
     @classmethod
     def connect(cls, url: str, prefix: str = DEFAULT_PREFIX, patient: bool = False, job_retention_s: float | None = None) -> Store:

@@ -14,6 +14,7 @@ from datetime import datetime
 
 import redis
 from pydantic import Field
+from redis.client import Pipeline
 
 from ..keys import Keys
 from ..schemas import Strict, utc_now
@@ -39,11 +40,15 @@ class TaskLedger:
 
     def record(self, sent: SentTask) -> None:
         """Write `sent` down before it is sent."""
-        seconds, _ = self._redis.time()
         with self._redis.pipeline() as p:
-            p.set(self._keys.sent(sent.task_id), sent.model_dump_json())
-            p.zadd(self._keys.sent_tasks(), {sent.task_id: seconds})
+            self.write(p, sent)
             p.execute()
+
+    def write(self, p: Pipeline, sent: SentTask) -> None:
+        """Queue the writes that record `sent` on `p` (to record it in another transaction)."""
+        seconds, _ = self._redis.time()
+        p.set(self._keys.sent(sent.task_id), sent.model_dump_json())
+        p.zadd(self._keys.sent_tasks(), {sent.task_id: seconds})
 
     def done(self, task_id: str) -> None:
         """Strike a task off: it ran (or was revoked)."""

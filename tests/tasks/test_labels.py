@@ -44,3 +44,12 @@ def test_work_asked_for_by_a_command_is_labelled_without_a_job() -> None:
 def test_a_malformed_payload_still_gets_a_label() -> None:
     assert claiming_job({"not": "a token"}) is None and claiming_job("../x/y") is None
     assert label(TaskName.profile_device, {"owner": ["x"], "device_id": "nano-7", "model": "m"}) == "edgetrain.profile_device[nano-7 m]"
+
+
+def test_the_tasks_of_a_federated_round_are_labelled_with_the_job_round_and_work() -> None:
+    from edgetrain.common.federated.records import AggregateRequest, TrainRequest
+
+    train = TrainRequest(job_id=JOB, round=3, device_id="nano-7", batch_size=32, frequency_hz=921_600_000, local_steps=12)
+    assert label(TaskName.federated_train, body(train)) == f"edgetrain.federated_train[{JOB}/nano-7 round 3 b=32 f=921600000 x12]"
+    assert label(TaskName.federated_aggregate, body(AggregateRequest(job_id=JOB, round=3))) == f"edgetrain.federated_aggregate[{JOB} round 3]"
+    assert label(TaskName.federated_advance, JOB) == f"edgetrain.federated_advance[{JOB}]"

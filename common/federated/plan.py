@@ -1,0 +1,102 @@
+"""Each device's configuration and local work in a round.
+
+A device's (b, f*_b) comes from its own lookup table and cap, as for a fine-tune: equation (4)
+(`Equation4`, with the job's relation vector; r_b = 1 without one: the most samples per
+second under the cap) or Baseline 1. A round's local work is then either the same `local_steps`
+steps for every device, so the round lasts as long as the slowest device's steps, or
+time-balanced (edgetrain): every device trains for about the same device time, the time the
+median device needs for `local_steps` steps, so a device slowed by its cap does fewer steps
+and a fast one more, and the round no longer waits for the slowest.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..schemas import ProfileTable, RelationVector, Selection, Strict
+from ..selection import Baseline1, Equation4, SelectionError, Strategy
+from .spec import LocalWork
+
+
+class Assignment(Strict):
+    """What one device trains in one round: (b, f) under its cap, `local_steps` steps, and the
+    device time (s) and energy (J) the table expects of them."""
+
+    device_id: str
+    device_type: str
+    power_cap_w: float | None
+    batch_size: int
+    frequency_hz: int
+    local_steps: int
+    expected_time_s: float
+    expected_energy_j: float | None
+    strategy: str
+
+
+@dataclass(frozen=True)
+class DeviceInRound:
+    """A device taking part in a round: its id, type, cap (W), table and power envelope."""
+
+    device_id: str
+    device_type: str
+    power_cap_w: float | None
+    table: ProfileTable
+    power_envelope_w: list[float] | None = None
+
+
+def strategy(method: str, vector: RelationVector, power_envelope_w: list[float] | None) -> Strategy:
+    """The selection of a device for `method` (see LocalWork)."""
+    return Baseline1(vector, power_envelope_w) if method == "baseline1" else Equation4(vector)
+
+
+def per_step(table: ProfileTable, values: list[list[float | None]] | None, choice: Selection) -> float | None:
+    """A table value for N_s samples at the chosen point, per step of its batch size."""
+    if values is None:
+        return None
+    value = values[table.batch_sizes.index(choice.batch_size)][table.frequencies_hz.index(choice.frequency_hz)]
+    return None if value is None else value * choice.batch_size / table.samples
+
+
+def assign(devices: Sequence[DeviceInRound], work: LocalWork, vector: RelationVector | None = None) -> list[Assignment]:
+    """Every device's assignment for a round (SelectionError, naming the device, when a cap
+    leaves a device no configuration)."""
+    chosen = []
+    for d in devices:
+        flat = vector or RelationVector.uniform(d.table.batch_sizes)
+        try:
+            choice = strategy(work.method, flat, d.power_envelope_w).choose(d.table, d.power_cap_w)
+        except SelectionError as exc:
+            raise SelectionError(f"device {d.device_id}: {exc}") from exc
+        step_s = per_step(d.table, d.table.time_s, choice)
+        assert step_s is not None, "a chosen point is measured"
+        chosen.append((d, choice, step_s))
+    steps = balanced_steps([s for *_, s in chosen], work) if work.method == "edgetrain" else [work.local_steps] * len(chosen)
+    return [
+        Assignment(
+            device_id=d.device_id, device_type=d.device_type, power_cap_w=d.power_cap_w, batch_size=c.batch_size,
+            frequency_hz=c.frequency_hz, local_steps=k, expected_time_s=k * step_s,
+            expected_energy_j=None if (e := per_step(d.table, d.table.energy_j, c)) is None else k * e, strategy=c.strategy,
+        )  # fmt: skip
+        for (d, c, step_s), k in zip(chosen, steps)
+    ]
+
+
+def balanced_steps(step_times_s: list[float], work: LocalWork) -> list[int]:
+    """Local steps per device so that each trains about as long (device s) as the median device
+    takes for `work.local_steps` steps; never fewer than `work.min_steps`."""
+    budget_s = work.local_steps * statistics.median(step_times_s)
+    return [max(work.min_steps, round(budget_s / t)) for t in step_times_s]
+
+
+def participants(available: Sequence[str], fraction: float, seed: int, round_number: int) -> list[str]:
+    """A seeded choice of ceil(fraction * n) of the `available` devices (all of them at 1.0),
+    different in every round, in the order given."""
+    if not available:
+        return []
+    k = max(1, math.ceil(fraction * len(available)))
+    picked = set(random.Random(f"{seed}:{round_number}").sample(sorted(available), k))
+    return [d for d in available if d in picked]

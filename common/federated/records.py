@@ -1,0 +1,116 @@
+"""What the store holds of a federated job (no PyTorch here: the control worker reads it)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from ..ids import Identifier
+from ..jobs import JobEvent
+from ..schemas import Strict, utc_now
+from .plan import Assignment
+from .spec import FederatedSpec
+
+Phase = Literal["starting", "training", "aggregating", "aggregated", "completed", "failed", "cancelled"]
+FINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+
+class DeviceRound(Strict):
+    """What one device did in a round: its assignment and the measured device time (s) and
+    energy (J) of its local steps (SIMULATED for twins)."""
+
+    assignment: Assignment
+    device_time_s: float
+    energy_j: float
+    samples: int
+    simulated: bool = True
+
+
+class RoundRecord(Strict):
+    """One round: the global accuracy after it, its device time (s: its slowest participant,
+    devices train side by side), the device time since the job started (s), the energy of
+    every participant's local steps (J), what each did, and the devices assigned whose update
+    did not arrive before the round closed (`missing`)."""
+
+    round: int
+    accuracy: float
+    device_time_s: float
+    elapsed_s: float
+    energy_j: float
+    devices: list[DeviceRound]
+    missing: list[str] = Field(default_factory=list)
+
+
+class LocalUpdate(Strict):
+    """A device's update for a round: where its weights are (an artifact reference), the
+    samples it holds (its FedAvg weight) and what its local steps took."""
+
+    job_id: str
+    device_id: Identifier
+    round: int = Field(ge=1)
+    weights: str
+    held_samples: int = Field(gt=0)
+    trained: DeviceRound
+
+
+class FederatedRecord(Strict):
+    """A federated job as submitted."""
+
+    job_id: str
+    spec: FederatedSpec
+    created_at: datetime = Field(default_factory=utc_now)
+
+
+class FederatedState(Strict):
+    """Where a federated job is: the round and its phase, the global model (an artifact
+    reference; the spec's weights before round 1), what the open round assigned and until when
+    it waits, the devices whose updates a closed round aggregates, and every round so far."""
+
+    phase: Phase = "starting"
+    round: int = 0
+    global_weights: str
+    accuracy: float | None = None
+    assignments: list[Assignment] = Field(default_factory=list)
+    deadline_at: datetime | None = None
+    closed_with: list[str] = Field(default_factory=list)
+    rounds: list[RoundRecord] = Field(default_factory=list)
+    reason: str | None = None
+    notice: str | None = Field(None, description="what the job waits for, when it waits")
+    updated_at: datetime = Field(default_factory=utc_now)
+
+    def assigned(self, device_id: str) -> Assignment | None:
+        """The open round's assignment of `device_id`, if it has one."""
+        return next((a for a in self.assignments if a.device_id == device_id), None)
+
+
+class TrainRequest(Strict):
+    """A device's local training in a round, as the control worker sent it."""
+
+    job_id: str
+    round: int = Field(ge=1)
+    device_id: Identifier
+    batch_size: int
+    frequency_hz: int
+    local_steps: int
+
+
+class AggregateRequest(Strict):
+    """Aggregate a closed round."""
+
+    job_id: str
+    round: int = Field(ge=1)
+
+
+class FederatedStatus(Strict):
+    """A federated job as `status` shows it: what was submitted, where it is, its newest events."""
+
+    record: FederatedRecord
+    state: FederatedState
+    events: list[JobEvent]
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job completed, failed or was cancelled."""
+        return self.state.phase in FINAL

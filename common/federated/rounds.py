@@ -1,0 +1,100 @@
+"""One federated round's work: a device's local training from the global model, FedAvg over
+the updates that arrived, and the global model's accuracy on the server's test set."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from ..devices.base import Device
+from ..schemas import LearningRatePolicy
+from ..training import Trainer, evaluate, make_optimizer
+from .plan import Assignment
+
+State = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """A device's update: its weights after `steps` local steps of `samples` samples, the
+    device time (s), energy (J) and peak power (W) they took (None without a device)."""
+
+    state: State
+    steps: int
+    samples: int
+    device_time_s: float | None
+    energy_j: float | None
+    peak_power_w: float | None
+    simulated: bool
+
+
+def round_seed(seed: int, round_number: int, device_id: str) -> int:
+    """The seed of one device's mini-batch order in one round."""
+    return zlib.crc32(f"{seed}:{round_number}:{device_id}".encode())
+
+
+def local_train(
+    model: nn.Module, global_state: State, data: TensorDataset, assignment: Assignment, lr: LearningRatePolicy,
+    mu: float, seed: int, device: Device | None = None,
+) -> LocalResult:  # fmt: skip
+    """Train `model` from `global_state` on `data` for the assignment's steps at its batch size
+    (a fresh optimizer, lr scaled for the batch) and, with `device`, at its frequency, measured;
+    `mu` > 0 adds FedProx's proximal term (its gradient mu * (w - w_global) before each step)."""
+    model.load_state_dict(global_state)
+    b = min(assignment.batch_size, len(data))
+    optimizer = make_optimizer(model, lr, b)
+    if mu > 0:
+        anchor = [p.detach().clone() for p in model.parameters()]
+
+        def proximal(*_: object) -> None:
+            for p, w in zip(model.parameters(), anchor):
+                if p.grad is not None:
+                    p.grad.add_(p.detach() - w, alpha=mu)
+
+        optimizer.register_step_pre_hook(proximal)
+    trainer = Trainer(model, optimizer, b, data, None, seed)
+    if device is None:
+        for _ in range(assignment.local_steps):
+            trainer.step()
+        measured = None
+    else:
+        device.set_frequency(assignment.frequency_hz)
+        measured = device.run_steps(trainer.step, b, assignment.local_steps)
+    state = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
+    return LocalResult(
+        state=state, steps=trainer.steps, samples=trainer.samples,
+        device_time_s=measured.elapsed_s if measured else None, energy_j=measured.energy_j if measured else None,
+        peak_power_w=measured.peak_power_w if measured else None, simulated=bool(measured and measured.simulated),
+    )  # fmt: skip
+
+
+def fedavg(updates: Sequence[tuple[State, float]]) -> State:
+    """FedAvg: the average of the updates' tensors weighted by their weights (samples held);
+    integer buffers (counters) are taken from the most heavily weighted update."""
+    if not updates:
+        raise ValueError("no update to aggregate")
+    total = sum(w for _, w in updates)
+    if total <= 0:
+        raise ValueError(f"update weights must sum above 0, got {[w for _, w in updates]}")
+    heaviest = max(updates, key=lambda u: u[1])[0]
+    merged: State = {}
+    for key, value in heaviest.items():
+        if value.is_floating_point():
+            weighted = (state[key].double() * (w / total) for state, w in updates)
+            merged[key] = sum(weighted, torch.zeros_like(value, dtype=torch.float64)).to(value.dtype)
+        else:
+            merged[key] = value.clone()
+    return merged
+
+
+def global_accuracy(model: nn.Module, state: State, test: TensorDataset) -> float:
+    """Accuracy of the global weights `state` on the server's test set (fraction)."""
+    model.load_state_dict(state)
+    where = next(model.parameters()).device  # local training may have moved the model to the GPU
+    x, y = (t.to(where) for t in test.tensors)
+    return evaluate(model, x, y)[0]

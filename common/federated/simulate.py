@@ -1,0 +1,97 @@
+"""A federated fleet of SIMULATED twins in one process: real training of every device's local
+steps on its own share of real data, device time and energy from each twin's model of its
+board. One process holds the data once and one model, whatever the fleet's size, so a fleet of
+many twins needs no process per twin (`edgetrain evaluate`'s federated preset)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pydantic import Field
+
+from ..artifacts import initial_model
+from ..devices.simulated import SimulatedDevice, load_twin
+from ..models import get_model
+from ..profiling import profile
+from ..schemas import LearningRatePolicy, ProfileTable, ProfilingOptions, RelationVector, Strict
+from ..workload import measure_workload
+from .data import device_data, num_classes, shares, test_set
+from .plan import DeviceInRound, assign, participants
+from .records import DeviceRound, RoundRecord
+from .rounds import fedavg, global_accuracy, local_train, round_seed
+from .spec import FederatedDevice, FederatedSpec
+
+
+class FederatedRun(Strict):
+    """A federated job run to the target (or `max_rounds`) with one method and seed; figures
+    from twins are SIMULATED."""
+
+    method: str
+    seed: int
+    initial_accuracy: float
+    rounds: list[RoundRecord]
+    reached: bool
+    time_to_target_s: float | None = Field(description="device time until the global model reached the target (s)")
+    energy_to_target_j: float | None = Field(description="energy of every device's local steps until then (J)")
+    simulated: bool = True
+
+
+def twin_table(twin: str, spec: FederatedSpec, options: ProfilingOptions | None = None) -> ProfileTable:
+    """The lookup table of `spec.model` on the twin `twin`, profiled over the spec's batch sizes."""
+    return profile(SimulatedDevice(load_twin(twin)), get_model(spec.model), spec.batch_sizes, options or ProfilingOptions(),
+                   LearningRatePolicy(optimizer=get_model(spec.model).optimizer))  # fmt: skip
+
+
+def _in_round(d: FederatedDevice, twin: str, tables: dict[str, ProfileTable], boards: dict[str, SimulatedDevice]) -> DeviceInRound:
+    return DeviceInRound(d.device_id, twin, d.power_cap_w, tables[twin], boards[d.device_id].power_envelope_w)
+
+
+def simulate(
+    spec: FederatedSpec, twins: dict[str, str], tables: dict[str, ProfileTable], vector: RelationVector | None = None,
+    on_round: Callable[[RoundRecord], None] | None = None,
+) -> FederatedRun:  # fmt: skip
+    """Run `spec` on twins (`twins`: device id -> twin name; `tables`: twin name -> table)
+    round by round until the global accuracy reaches the target or `max_rounds` rounds ran."""
+    entry, classes = get_model(spec.model), num_classes(spec)
+    model = initial_model(spec.model, spec.weights, classes)
+    held = shares(spec)
+    data = {d.device_id: device_data(spec, d.device_id, held.get(d.device_id)) for d in spec.devices}
+    test = test_set(spec)
+    devices = {}
+    for i, d in enumerate(spec.devices):
+        board = SimulatedDevice(load_twin(twins[d.device_id]), seed=round_seed(spec.seed, 0, d.device_id) + i)
+        board.bind_workload(measure_workload(spec.model, model, entry.example_input(classes)))
+        devices[d.device_id] = board
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    first = global_accuracy(model, state, test)
+    rounds: list[RoundRecord] = []
+    elapsed = energy = 0.0
+    accuracy = first
+    for r in range(1, spec.max_rounds + 1):
+        if accuracy >= spec.target_accuracy:
+            break
+        taking_part = participants([d.device_id for d in spec.devices], spec.participation.fraction, spec.seed, r)
+        plan = assign([_in_round(d, twins[d.device_id], tables, devices) for d in spec.devices if d.device_id in taking_part],
+                      spec.local, vector)  # fmt: skip
+        done = []
+        updates = []
+        for a in plan:
+            result = local_train(model, state, data[a.device_id], a, spec.lr, spec.aggregation.mu,
+                                 round_seed(spec.seed, r, a.device_id), devices[a.device_id])  # fmt: skip
+            assert result.device_time_s is not None and result.energy_j is not None
+            done.append(DeviceRound(assignment=a, device_time_s=result.device_time_s, energy_j=result.energy_j, samples=result.samples))
+            updates.append((result.state, float(len(data[a.device_id]))))
+        state = fedavg(updates)
+        accuracy = global_accuracy(model, state, test)
+        round_s = max(d.device_time_s for d in done)
+        round_j = sum(d.energy_j for d in done)
+        record = RoundRecord(round=r, accuracy=accuracy, device_time_s=round_s, elapsed_s=elapsed + round_s, energy_j=round_j, devices=done)
+        elapsed, energy = elapsed + round_s, energy + round_j
+        rounds.append(record)
+        if on_round:
+            on_round(record)
+    reached = accuracy >= spec.target_accuracy
+    return FederatedRun(
+        method=spec.local.method, seed=spec.seed, initial_accuracy=first, rounds=rounds, reached=reached,
+        time_to_target_s=elapsed if reached else None, energy_to_target_j=energy if reached else None,
+    )  # fmt: skip

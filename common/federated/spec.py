@@ -1,0 +1,113 @@
+"""A federated job: the model and starting weights, the devices with their caps and data, the
+server's global test set, the target global accuracy, the aggregation and who takes part."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ..ids import Identifier
+from ..limits import MAX_BATCH_SIZES, MAX_NAME_CHARS, BatchSize, Seed
+from ..schemas import PAPER_BATCH_SIZES, DatasetRef, LearningRatePolicy, Strict
+
+MAX_FEDERATED_DEVICES = 1000  # devices of one federated job (each holds a model per round)
+MAX_ROUNDS = 10_000
+METHODS = ("edgetrain", "equation4", "baseline1")
+
+
+class Partition(Strict):
+    """How the job's dataset is split over the devices that hold no data of their own: `iid`
+    (a seeded shuffle in equal parts), `shards` (sorted by label, cut in `shards_per_device`
+    shards per device, dealt at random: few labels per device) or `dirichlet` (each label's
+    samples shared out by proportions drawn from Dir(`alpha`): smaller alpha, less alike)."""
+
+    scheme: Literal["iid", "shards", "dirichlet"] = "iid"
+    alpha: float = Field(0.5, gt=0, le=1000, description="dirichlet: concentration (smaller: more skewed)")
+    shards_per_device: int = Field(2, ge=1, le=100, description="shards: label shards per device")
+    seed: Seed = 0
+
+
+class FederatedDevice(Strict):
+    """One device of a federated job: its board power cap (W; None: no cap; a cap set later
+    with `edgetrain cap set` holds from the next round) and its data: a dataset it holds, or
+    (None) its share of the job's dataset under `partition`."""
+
+    device_id: Identifier
+    power_cap_w: float | None = Field(None, gt=0, description="board power cap in W; None = no cap")
+    dataset: DatasetRef | None = None
+
+
+class Aggregation(Strict):
+    """FedAvg weighted by each update's local training samples; `mu` > 0 adds FedProx's
+    proximal term mu/2 * ||w - w_global||^2 to every local loss."""
+
+    rule: Literal["fedavg"] = "fedavg"
+    mu: float = Field(0.0, ge=0, le=100, description="FedProx's mu (0: plain FedAvg)")
+
+
+class Participation(Strict):
+    """Who trains in a round: a seeded `fraction` of the devices that are heard from (at least
+    one), and how long a round waits for their updates (wall s) before it closes with those
+    that arrived."""
+
+    fraction: float = Field(1.0, gt=0, le=1)
+    deadline_s: float = Field(600.0, gt=0, le=7 * 24 * 3600, description="wall s a round waits for updates")
+
+
+class LocalWork(Strict):
+    """How each device's (b, f) and local work per round are chosen.
+
+    `method`: `edgetrain` (each device's equation (4) choice under its cap, and local steps
+    sized so that every device trains for the same device time per round), `equation4` (the
+    same choice, `local_steps` steps each) or `baseline1` (the largest batch that fits at the
+    cap's model-agnostic frequency, `local_steps` steps each). `local_steps`: steps per round
+    of the equal-steps methods, and of the device whose time sets edgetrain's round budget
+    (the median device)."""
+
+    method: Literal["edgetrain", "equation4", "baseline1"] = "edgetrain"
+    local_steps: int = Field(20, ge=1, le=100_000)
+    min_steps: int = Field(1, ge=1, le=100_000, description="edgetrain: the fewest steps a device trains in a round")
+
+
+class FederatedSpec(Strict):
+    """A federated job (`kind: federated`)."""
+
+    kind: Literal["federated"]
+    model: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    weights: str = Field("init:0", max_length=MAX_NAME_CHARS, description="'init:<seed>' or an artifact URL")
+    dataset: DatasetRef | None = Field(None, description="split over the devices that name no dataset")
+    partition: Partition = Field(default_factory=Partition)
+    test_dataset: DatasetRef = Field(description="the server's global test set (its test split)")
+    target_accuracy: float = Field(gt=0, lt=1, description="on the global test set")
+    devices: list[FederatedDevice] = Field(min_length=1, max_length=MAX_FEDERATED_DEVICES)
+    batch_sizes: list[BatchSize] = Field(default_factory=lambda: list(PAPER_BATCH_SIZES), min_length=1, max_length=MAX_BATCH_SIZES)
+    lr: LearningRatePolicy = Field(default_factory=LearningRatePolicy)
+    aggregation: Aggregation = Field(default_factory=Aggregation)
+    participation: Participation = Field(default_factory=Participation)
+    local: LocalWork = Field(default_factory=LocalWork)
+    max_rounds: int = Field(50, ge=1, le=MAX_ROUNDS)
+    seed: Seed = 0
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _ascending(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"batch sizes must be distinct, got {value}")
+        return sorted(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FederatedSpec:
+        problems = []
+        if repeated := sorted(i for i, n in Counter(d.device_id for d in self.devices).items() if n > 1):
+            problems.append(f"devices: each device may appear once; repeated {repeated}")
+        if self.dataset is None and any(d.dataset is None for d in self.devices):
+            problems.append("dataset: required when a device names no dataset of its own (it trains on its share of it)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def partitioned(self) -> list[str]:
+        """The devices that train on a share of the job's dataset, in spec order."""
+        return [d.device_id for d in self.devices if d.dataset is None]

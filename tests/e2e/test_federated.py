@@ -1,0 +1,133 @@
+"""Federated jobs on real workers: rounds through the control, device and server queues, with a
+device killed mid-round, a device frozen past the round's deadline, and the control worker
+restarted while a round is aggregated. One cluster of three twins serves the module."""
+
+import json
+import signal
+import time
+
+import pytest
+
+from edgetrain.common.federated.records import FederatedStatus
+from edgetrain.tasks.client import EdgeTrainClient, poll_until
+from edgetrain.workers.cli import main
+from edgetrain.workers.cli_args import ExitCode
+from edgetrain.workers.cluster import LocalCluster
+
+pytestmark = pytest.mark.e2e
+FLEET = {"nano-f": "sim:jetson-nano", "tx2-f": "sim:jetson-tx2-nx", "orin-f": "sim:jetson-agx-orin"}
+CAPS = {"nano-f": 5.0, "tx2-f": 10.0, "orin-f": 30.0}
+
+
+def spec(target: float = 0.8, deadline_s: float = 60.0, max_rounds: int = 12, **extra) -> dict:
+    """Three devices on Dirichlet shares of `digits`, smallcnn from a seeded start."""
+    return {
+        "kind": "federated", "model": "smallcnn", "dataset": {"name": "digits"}, "test_dataset": {"name": "digits"},
+        "partition": {"scheme": "dirichlet", "alpha": 1.0}, "target_accuracy": target, "batch_sizes": [16, 32, 64],
+        "devices": [{"device_id": d, "power_cap_w": c} for d, c in CAPS.items()], "max_rounds": max_rounds,
+        "local": {"local_steps": 8}, "participation": {"deadline_s": deadline_s}, **extra,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with LocalCluster(tmp_path_factory.mktemp("federated"), devices=FLEET) as running:
+        yield running
+
+
+def rounds_are_whole(status: FederatedStatus) -> None:
+    """Every round aggregated once, in order, each device at most once, and never a device whose
+    update was missing."""
+    rounds = status.state.rounds
+    assert [r.round for r in rounds] == list(range(1, len(rounds) + 1))
+    for r in rounds:
+        ids = [d.assignment.device_id for d in r.devices]
+        assert len(ids) == len(set(ids)) and not set(ids) & set(r.missing), r
+
+
+def test_a_federated_job_trains_one_model_in_rounds_to_its_target(cluster, tmp_path, capsys) -> None:
+    client = EdgeTrainClient(cluster.url)
+    path = tmp_path / "federated.json"
+    path.write_text(json.dumps(spec()))
+    assert main(["submit", str(path), "--wait", "--timeout", "300", "--redis-url", cluster.url]) == ExitCode.ok
+    out, err = capsys.readouterr()
+    job_id = out.splitlines()[0]
+    assert "round 1: global accuracy" in err and f"federated job {job_id}: completed" in out
+    assert "SIMULATED" in out
+    assert main(["status", job_id, "--json", "--redis-url", cluster.url]) == ExitCode.ok
+    assert json.loads(capsys.readouterr().out)["state"]["phase"] == "completed"
+    assert main(["cancel", job_id, "--redis-url", cluster.url]) == ExitCode.finished
+    status = client.federated_status(job_id)
+    state = status.state
+    assert state.phase == "completed", (state.reason, [e.line() for e in status.events])
+    assert state.accuracy >= 0.8 and state.rounds[-1].accuracy == state.accuracy
+    rounds_are_whole(status)
+    first = {d.assignment.device_id: d.assignment for d in state.rounds[0].devices}
+    assert set(first) == set(FLEET) and all(d.simulated for r in state.rounds for d in r.devices)
+    # time-balanced: the capped Nano trains fewer steps than the Orin, for about the same device time
+    assert first["nano-f"].local_steps < first["orin-f"].local_steps
+    times = [d.device_time_s for d in state.rounds[0].devices]
+    assert max(times) < 2.5 * min(times), times
+    assert state.rounds[-1].elapsed_s == pytest.approx(sum(r.device_time_s for r in state.rounds))
+
+
+def test_a_malformed_federated_spec_is_refused_with_every_bad_field_and_nothing_stored(cluster, tmp_path, capsys) -> None:
+    before = cluster.store().federated.job_ids()
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(spec() | {"partition": {"scheme": "dirichlet", "alpha": -1}, "max_rounds": 0}))
+    assert main(["submit", str(path), "--redis-url", cluster.url]) == ExitCode.usage
+    err = capsys.readouterr().err
+    assert "partition.alpha" in err and "max_rounds" in err
+    assert cluster.store().federated.job_ids() == before
+
+
+def test_a_killed_device_misses_its_round_and_rejoins_a_later_one(cluster) -> None:
+    client, store = EdgeTrainClient(cluster.url), cluster.store()
+    job_id = client.submit_federated(spec(target=0.97, deadline_s=12.0, max_rounds=40))
+    poll_until(lambda: (s := store.federated.state(job_id)) and s.round >= 2 or None, 180, 0.2, "round 2")
+    cluster.kill("device-nano-f")
+    killed_in = store.federated.state(job_id).round
+    poll_until(lambda: (s := store.federated.state(job_id)) and s.round >= killed_in + 2 or None, 180, 0.5, "two more rounds")
+    cluster.restart("device-nano-f")
+    status = client.wait_federated(job_id, timeout_s=400)
+    rounds_are_whole(status)
+    missed = [r.round for r in status.state.rounds if "nano-f" in r.missing]
+    assert missed, "the killed device's round closed without it"
+    after = [r.round for r in status.state.rounds if r.round > max(missed) and "nano-f" in {d.assignment.device_id for d in r.devices}]
+    assert after, f"the device rejoined after round {max(missed)}: {[e.line() for e in status.events]}"
+    for r in status.state.rounds:  # no round waited much past its deadline for the dead device
+        assert r.devices, r
+
+
+def test_a_frozen_device_does_not_stall_a_round_past_its_deadline_and_its_late_update_is_discarded(cluster) -> None:
+    client, store = EdgeTrainClient(cluster.url), cluster.store()
+    deadline_s = 10.0
+    job_id = client.submit_federated(spec(target=0.97, deadline_s=deadline_s, max_rounds=40))
+    poll_until(lambda: (s := store.federated.state(job_id)) and s.round >= 2 and s.phase == "training" or None, 180, 0.05, "round 2")
+    frozen = cluster.worker("device-tx2-f")
+    frozen.signal(signal.SIGSTOP)
+    frozen_in = store.federated.state(job_id).round
+    opened = time.monotonic()
+    poll_until(lambda: (s := store.federated.state(job_id)) and s.round > frozen_in or None, deadline_s + 30, 0.2, "the next round")
+    assert time.monotonic() - opened < deadline_s + 15
+    frozen.signal(signal.SIGCONT)
+    status = client.wait_federated(job_id, timeout_s=400)
+    rounds_are_whole(status)
+    round_of = next(r for r in status.state.rounds if r.round == frozen_in)
+    if "tx2-f" in round_of.missing:  # frozen before it handed its update in: when it woke, its update was refused
+        lines = [e.message for e in status.events if e.device_id == "tx2-f"]
+        late = [m for m in lines if f"round {frozen_in}:" in m]
+        assert all("discarded" in m for m in late), lines
+
+
+def test_restarting_the_control_worker_while_a_round_is_aggregated_loses_and_repeats_nothing(cluster) -> None:
+    client, store = EdgeTrainClient(cluster.url), cluster.store()
+    job_id = client.submit_federated(spec(target=0.9, max_rounds=30))
+    poll_until(lambda: (s := store.federated.state(job_id)) and s.round >= 2 and s.phase == "aggregating" or None, 180, 0.02,
+               "an aggregation")  # fmt: skip
+    cluster.kill("control")
+    time.sleep(3)
+    cluster.restart("control")
+    status = client.wait_federated(job_id, timeout_s=400)
+    assert status.state.phase == "completed", status.state.reason
+    rounds_are_whole(status)

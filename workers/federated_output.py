@@ -1,0 +1,37 @@
+"""A federated job for people: `edgetrain submit --wait` and `edgetrain status` of one."""
+
+from __future__ import annotations
+
+from edgetrain.common.federated.records import FederatedStatus
+
+EVENTS_SHOWN = 10
+
+
+def format_federated(status: FederatedStatus) -> str:
+    """The job's phase, its rounds so far (global accuracy, device time, energy), the open
+    round's assignments and the newest events; figures from twins say SIMULATED."""
+    spec, state = status.record.spec, status.state
+    accuracy = "none yet" if state.accuracy is None else f"{state.accuracy:.4f}"
+    lines = [
+        f"federated job {status.record.job_id}: {state.phase}, round {state.round} of at most {spec.max_rounds}; "
+        f"global accuracy {accuracy} (target {spec.target_accuracy}); {len(spec.devices)} devices, {spec.local.method} local work"
+    ]
+    if state.reason:
+        lines.append(f"  {state.reason}")
+    if state.notice:
+        lines.append(f"  waiting: {state.notice}")
+    simulated = any(d.simulated for r in state.rounds for d in r.devices)
+    if state.rounds:
+        lines.append(f"  {'round':>5}  {'accuracy':>8}  {'device s':>9}  {'elapsed s':>9}  {'energy J':>9}  updates  missing")
+        for r in state.rounds:
+            lines.append(f"  {r.round:>5}  {r.accuracy:>8.4f}  {r.device_time_s:>9.3f}  {r.elapsed_s:>9.3f}  {r.energy_j:>9.2f}  "
+                         f"{len(r.devices):>7}  {', '.join(r.missing) or '-'}")  # fmt: skip
+    if state.phase == "training" and state.deadline_at is not None:
+        each = ", ".join(f"{a.device_id} b={a.batch_size} f={a.frequency_hz} x{a.local_steps}" for a in state.assignments)
+        lines.append(f"  round {state.round} open until {state.deadline_at:%H:%M:%S} UTC: {each}")
+    if simulated:
+        lines.append("  device time and energy are SIMULATED (twins)")
+    if status.events:
+        lines.append("  events:")
+        lines += [f"    {e.line()}" for e in status.events[-EVENTS_SHOWN:]]
+    return "\n".join(lines)
