@@ -1,6 +1,7 @@
 """`edgetrain evaluate SPEC.json | --scale quick|paper`: the paper's evaluation (Baseline 1,
 Baseline 2, edgetrain and the oracle; time and energy to accuracy; proxy sensitivity) through
-the cluster's workers.
+the cluster's workers. `edgetrain evaluate --federated [SPEC.yaml]` runs the federated
+evaluation in this process instead (evaluate_federated.py).
 
 With a Redis configured (`--redis-url` or EDGETRAIN_REDIS_URL[_FILE]) it runs on that
 cluster's workers: a `device_id` entry names a registered device, a `twin` entry the first
@@ -22,9 +23,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .cli_args import ExitCode, redacted, settings_from
 from .output import note
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 DEFAULT_WORKDIR = Path.home() / ".cache" / "edgetrain" / "evaluation"
 DEFAULT_TIMEOUT_S = 6 * 3600.0
+Spec = TypeVar("Spec", bound=BaseModel)
 
 
 class SpecProblem(ValueError):
@@ -50,17 +52,23 @@ def load_specs(path: str | None, scale: str | None) -> list[EvaluationSpec]:
         raise SpecProblem("give a spec file (SPEC.json) or --scale quick|paper, not both")
     if scale is not None:
         return scale_preset(scale)  # type: ignore[arg-type]  # argparse allows the scales only
+    return [read_spec(path, EvaluationSpec, "evaluation spec")]  # type: ignore[arg-type]  # not None here
+
+
+def read_spec(path: str, model: type[Spec], what: str) -> Spec:
+    """The document in file `path` (JSON, or YAML by its suffix) validated as `model`;
+    SpecProblem naming every bad field."""
     from edgetrain.common.documents import DocumentError, read_document
 
     try:
-        data = read_document(path, "the evaluation spec")  # type: ignore[arg-type]  # not None here
+        data = read_document(path, f"the {what}")
     except DocumentError as exc:
         raise SpecProblem(str(exc)) from None
     try:
-        return [EvaluationSpec.model_validate(data)]
+        return model.model_validate(data)
     except ValidationError as exc:
         lines = [f"{'.'.join(map(str, e['loc'])) or '(spec)'}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()]
-        raise SpecProblem(f"invalid evaluation spec {path}:\n  " + "\n  ".join(lines)) from None
+        raise SpecProblem(f"invalid {what} {path}:\n  " + "\n  ".join(lines)) from None
 
 
 def twin_device_id(twin: str) -> str:
@@ -197,6 +205,10 @@ def _on_local_cluster(specs: list[EvaluationSpec], args: argparse.Namespace) -> 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """`edgetrain evaluate`."""
+    if args.federated:
+        from .evaluate_federated import cmd_evaluate_federated
+
+        return cmd_evaluate_federated(args)
     from .evaluation_runner import EvaluationFailed
     from .evaluation_text import format_run
 
@@ -228,9 +240,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def add_evaluate_command(subparsers: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
     """Add `evaluate` to the `edgetrain` command."""
     p = subparsers.add_parser("evaluate", parents=parents, help="the paper's evaluation: baselines, edgetrain and the oracle, "
-                              "time and energy to accuracy, proxy sensitivity, through the workers")  # fmt: skip
-    p.add_argument("spec", nargs="?", help="SPEC.json (see common/evaluation/spec.py: EvaluationSpec)")
+                              "time and energy to accuracy, proxy sensitivity, through the workers (--federated: the "
+                              "federated evaluation, in this process)")  # fmt: skip
+    p.add_argument("spec", nargs="?", help="SPEC.json (see common/evaluation/spec.py: EvaluationSpec; with --federated: "
+                   "common/federated/evaluation.py: FederatedEvaluationSpec)")  # fmt: skip
     p.add_argument("--scale", choices=["quick", "paper"], help="run a ready-made evaluation instead of a spec file")
+    p.add_argument("--federated", action="store_true",
+                   help="the federated evaluation instead: Baseline 1, eq. (4) with equal local steps and edgetrain's "
+                        "time-balanced steps on a fleet of twins (the ready-made one without SPEC); runs in this process, "
+                        "needs no Redis or workers")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     p.add_argument("--out", default="edgetrain-evaluation", help="folder for the figures and the JSON (default: %(default)s)")
     p.add_argument("--verify", action="store_true", help="fine-tune each method's configuration on the device and compare")

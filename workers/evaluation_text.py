@@ -25,19 +25,23 @@ def _num(value: float | None, digits: int = 3) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.{digits}g}"
 
 
-def _spread(value: MeanStd | None) -> str:
+def spread_cell(value: MeanStd | None) -> str:
+    """A figure over seeds in a cell: "mean ± std", or "not reached"."""
     return "not reached" if value is None else f"{_num(value.mean)} ± {_num(value.std, 2)}"
 
 
-def _cap(power_cap_w: float | None) -> str:
+def cap_cell(power_cap_w: float | None) -> str:
+    """A power cap in a cell: "5 W" or "none"."""
     return "none" if power_cap_w is None else f"{power_cap_w:g} W"
 
 
-def _mhz(frequency_hz: int | None) -> str:
+def mhz_cell(frequency_hz: int | None) -> str:
+    """A frequency in MHz in a cell, "-" when there is none."""
     return "-" if frequency_hz is None else f"{frequency_hz / 1e6:g}"
 
 
-def _times(value: float | None) -> str:
+def times_cell(value: float | None) -> str:
+    """A ratio in a cell: "1.50x", "-" when there is none."""
     return "-" if value is None else f"{value:.2f}x"
 
 
@@ -49,12 +53,13 @@ def _device(row: EvaluationRow) -> str:
     return f"{row.device_type} (SIMULATED)" if row.simulated else row.device_type
 
 
-def _table(head: list[str], lines: list[list[str]]) -> list[str]:
+def markdown_table(head: list[str], lines: list[list[str]]) -> list[str]:
+    """A Markdown table's lines: the header, the rule, one line per row of cells."""
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(line) + " |" for line in lines)]
 
 
 def _row_key(row: EvaluationRow) -> list[str]:
-    return [_device(row), row.target, _cap(row.power_cap_w)]
+    return [_device(row), row.target, cap_cell(row.power_cap_w)]
 
 
 def results_tables(rows: list[EvaluationRow]) -> list[str]:
@@ -63,20 +68,20 @@ def results_tables(rows: list[EvaluationRow]) -> list[str]:
     key = ["device", "target", "cap"]
     heads = [HEADS[m] for m in METHODS]
     lines = ["Time to accuracy (device s, mean ± std over seeds; eq. (2) with the target's N_b):", ""]
-    lines += _table(
+    lines += markdown_table(
         key + heads + ["edgetrain vs B1", "vs B2", "over oracle"],
-        [_row_key(r) + [_spread(getattr(r, m).time_to_accuracy_s if getattr(r, m).reached else None) for m in METHODS]
-         + [_times(r.speedup_vs_baseline1), _times(r.speedup_vs_baseline2), _pct(r.gap_to_oracle_pct)] for r in rows],
+        [_row_key(r) + [spread_cell(getattr(r, m).time_to_accuracy_s if getattr(r, m).reached else None) for m in METHODS]
+         + [times_cell(r.speedup_vs_baseline1), times_cell(r.speedup_vs_baseline2), _pct(r.gap_to_oracle_pct)] for r in rows],
     )  # fmt: skip
     lines += ["", "Energy to accuracy (board J, mean ± std over seeds):", ""]
-    lines += _table(
+    lines += markdown_table(
         key + heads,
-        [_row_key(r) + [_spread(getattr(r, m).energy_j if getattr(r, m).reached else None) for m in METHODS] for r in rows],
+        [_row_key(r) + [spread_cell(getattr(r, m).energy_j if getattr(r, m).reached else None) for m in METHODS] for r in rows],
     )
     lines += ["", "Configurations (batch size @ GPU MHz; '-': none under the cap):", ""]
-    lines += _table(
+    lines += markdown_table(
         key + heads,
-        [_row_key(r) + [f"{getattr(r, m).batch_size or '-'} @ {_mhz(getattr(r, m).frequency_hz)}" for m in METHODS] for r in rows],
+        [_row_key(r) + [f"{getattr(r, m).batch_size or '-'} @ {mhz_cell(getattr(r, m).frequency_hz)}" for m in METHODS] for r in rows],
     )
     return lines
 
@@ -87,11 +92,12 @@ def sensitivity_tables(matrices: list[SensitivityMatrix]) -> list[str]:
     lines: list[str] = []
     for m in matrices:
         simulated = " (SIMULATED)" if m.simulated else ""
-        lines += ["", f"{m.device_type}{simulated}, cap {_cap(m.power_cap_w)}: % time over the oracle (rows: proxy; columns: target)", ""]
+        heading = f"{m.device_type}{simulated}, cap {cap_cell(m.power_cap_w)}: % time over the oracle (rows: proxy; columns: target)"
+        lines += ["", heading, ""]
         body = [[f"edgetrain, proxy {d}", *map(_pct, line)] for d, line in zip(m.datasets, m.edgetrain_over_oracle_pct)]
         body += [[f"eq. (4) alone, proxy {d}", *map(_pct, line)] for d, line in zip(m.datasets, m.equation4_over_oracle_pct)]
         body.append(["Baseline 1 (no proxy)", *map(_pct, m.baseline1_over_oracle_pct)])
-        lines += _table(["", *m.datasets], body)
+        lines += markdown_table(["", *m.datasets], body)
     return lines
 
 
@@ -99,8 +105,8 @@ def robustness_lines(r: Robustness) -> list[str]:
     """edgetrain and plain equation (4) against Baseline 1 over every cell of the matrices."""
     lines = [
         f"Against Baseline 1 over {r.cells} cells (device type, cap, proxy, target): edgetrain is at worst "
-        f"{_times(r.edgetrain_worst)} Baseline 1's time ({len(r.edgetrain_over)} cells over 1.05x), plain "
-        f"equation (4) {_times(r.equation4_worst)} ({len(r.equation4_over)} cells over 1.05x). Where equation (4) "
+        f"{times_cell(r.edgetrain_worst)} Baseline 1's time ({len(r.edgetrain_over)} cells over 1.05x), plain "
+        f"equation (4) {times_cell(r.equation4_worst)} ({len(r.equation4_over)} cells over 1.05x). Where equation (4) "
         f"is faster than Baseline 1 ({r.speedup_cells} cells), edgetrain keeps at least "
         f"{'-' if r.kept_least is None else f'{r.kept_least:.0%}'} of its speed-up "
         f"({len(r.kept_below_90pct)} cells below 90 %).",
@@ -125,14 +131,14 @@ def vector_table(run: EvaluationRun) -> list[str]:
         body.append([str(b), *cells])
     body.append(["resolution", *(f"{run.vectors[label].resolution_samples} samples" for label in labels)])
     return ["N_b, samples to the target accuracy (mean ± std over seeds; interpolated between evaluations):", "",
-            *_table(["b", *labels], body)]  # fmt: skip
+            *markdown_table(["b", *labels], body)]  # fmt: skip
 
 
 def _verified_line(v: Verification) -> list[str]:
     computed = "-" if v.computed_time_s is None else _num(v.computed_time_s.mean)
     return [
-        f"{v.device_type}{' (SIMULATED)' if v.simulated else ''}", v.target, _cap(v.power_cap_w), ", ".join(v.methods),
-        f"{v.batch_size} @ {_mhz(v.frequency_hz)}", computed, _num(v.computed_time_for_run_s), _num(v.measured_time_s),
+        f"{v.device_type}{' (SIMULATED)' if v.simulated else ''}", v.target, cap_cell(v.power_cap_w), ", ".join(v.methods),
+        f"{v.batch_size} @ {mhz_cell(v.frequency_hz)}", computed, _num(v.computed_time_for_run_s), _num(v.measured_time_s),
         _pct(v.time_error_pct), f"{v.samples_to_accuracy if v.samples_to_accuracy is not None else '-'} "
         f"/ {v.server_samples_to_accuracy if v.server_samples_to_accuracy is not None else '-'}",
         f"{v.samples_processed or '-'}", _num(v.device_time_s), v.reason or "",
@@ -146,7 +152,7 @@ def verification_table(verified: list[Verification]) -> list[str]:
     return [
         "Verification: each configuration fine-tuned on the device to the target (seed "
         f"{verified[0].seed}); measured = device time per sample of the fine-tune x its own N_b, "
-        "computed = T[b][f] / N_s x N_b:", "", *_table(head, [_verified_line(v) for v in verified]),
+        "computed = T[b][f] / N_s x N_b:", "", *markdown_table(head, [_verified_line(v) for v in verified]),
     ]  # fmt: skip
 
 

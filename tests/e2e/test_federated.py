@@ -4,6 +4,7 @@ restarted while a round is aggregated. One cluster of three twins serves the mod
 
 import json
 import signal
+import statistics
 import time
 
 import pytest
@@ -131,3 +132,26 @@ def test_restarting_the_control_worker_while_a_round_is_aggregated_loses_and_rep
     status = client.wait_federated(job_id, timeout_s=400)
     assert status.state.phase == "completed", status.state.reason
     rounds_are_whole(status)
+
+
+def test_a_cap_set_on_a_device_rebalances_the_rounds_from_the_next_one(cluster) -> None:
+    client, store = EdgeTrainClient(cluster.url), cluster.store()
+    job_id = client.submit_federated(spec(target=0.99, max_rounds=40))
+    poll_until(lambda: (s := store.federated.state(job_id)) and s.round >= 2 or None, 180, 0.1, "round 2")
+    client.set_power_cap("nano-f", 3.0)  # below the 5 W of the spec: the Nano's clock comes down
+    set_in = store.federated.state(job_id).round
+    poll_until(lambda: (s := store.federated.state(job_id)) and len(s.rounds) >= set_in + 1 or None, 180, 0.2, "the next round")
+    client.cancel_federated(job_id)
+    client.set_power_cap("nano-f", None)
+    rounds = store.federated.state(job_id).rounds
+
+    def nano(r) -> object:
+        return next(d.assignment for d in r.devices if d.assignment.device_id == "nano-f")
+
+    before, after = nano(rounds[0]), nano(rounds[set_in])
+    assert (before.power_cap_w, after.power_cap_w) == (5.0, 3.0)
+    assert after.frequency_hz < before.frequency_hz or after.batch_size != before.batch_size
+    # re-balanced: every device is expected to train about as long as the median device, within a step
+    planned = [d.assignment for d in rounds[set_in].devices]
+    middle = statistics.median(a.expected_time_s for a in planned)
+    assert all(abs(a.expected_time_s - middle) <= a.expected_time_s / a.local_steps for a in planned), planned

@@ -1,0 +1,179 @@
+"""The federated evaluation: one fleet of twins trained to a target global accuracy with each
+method (Baseline 1, equation (4) with equal local steps, edgetrain's time-balanced steps) over
+several seeds, in one process (`simulate`), and its summary per method: rounds, device time
+and fleet energy to the target (mean ± std over seeds) and the speed-up over Baseline 1.
+
+A seed sets the job's `seed` (each device's mini-batch order, who takes part, the twins'
+measurement noise); the partition, its seed and the starting weights are the job's own.
+Device time and energy come from the twins: SIMULATED. Accuracy comes from real training.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from ..devices.base import DeviceError
+from ..devices.simulated import load_twin
+from ..evaluation import MeanStd
+from ..limits import MAX_SEEDS
+from ..schemas import Seeds, Strict
+from .plan import Assignment
+from .records import RoundRecord
+from .simulate import FederatedRun, simulate, twin_table
+from .spec import METHODS, FederatedSpec
+
+LABELS = {"baseline1": "Baseline 1", "equation4": "eq. (4), equal steps", "edgetrain": "edgetrain (time-balanced)"}
+
+
+class FederatedEvaluationSpec(Strict):
+    """A fleet of twins and a federated job to evaluate each method on: `job` is a federated
+    job spec (its `seed` and `local.method` are set per run), `twins` the twin (built-in name
+    or twin spec file) that simulates each of its devices."""
+
+    name: str | None = Field(None, description="a title for reports and figures")
+    job: FederatedSpec
+    twins: dict[str, str] = Field(min_length=1, description="device id -> twin name or twin spec file")
+    seeds: Seeds = Field(default_factory=lambda: [0, 1, 2], min_length=1, max_length=MAX_SEEDS)
+    methods: list[str] = Field(default_factory=lambda: list(LABELS), min_length=1, description="in the order of the reports")
+
+    @field_validator("twins")
+    @classmethod
+    def _known_twins(cls, value: dict[str, str]) -> dict[str, str]:
+        for device_id, twin in value.items():
+            try:
+                load_twin(twin)
+            except DeviceError as exc:
+                raise ValueError(f"{device_id}: {exc}") from None
+        return value
+
+    @field_validator("methods")
+    @classmethod
+    def _known_methods(cls, value: list[str]) -> list[str]:
+        if unknown := [m for m in value if m not in METHODS]:
+            raise ValueError(f"unknown methods {unknown}; use any of {list(LABELS)}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"each method may appear once, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _every_device_a_twin(self) -> FederatedEvaluationSpec:
+        devices = [d.device_id for d in self.job.devices]
+        if missing := [d for d in devices if d not in self.twins]:
+            raise ValueError(f"twins: give a twin for every device of job.devices; missing {missing}")
+        if unknown := sorted(set(self.twins) - set(devices)):
+            raise ValueError(f"twins: {unknown} are not devices of job.devices")
+        return self
+
+    def run_spec(self, method: str, seed: int) -> FederatedSpec:
+        """The job of one run: `method` choosing every device's work, `seed` its seed."""
+        return self.job.model_copy(update={"seed": seed, "local": self.job.local.model_copy(update={"method": method})})
+
+
+class MethodSummary(Strict):
+    """One method over the seeds: how many reached the target global accuracy, and over those,
+    the rounds, the device time (s) and the fleet's energy (J) to it; the speed-up is Baseline
+    1's mean time over this method's (None unless both reached it with every seed). `plan`:
+    each device's assignment the first time it took part in the first seed's run."""
+
+    method: str
+    runs: int
+    reached: int
+    rounds: MeanStd | None
+    time_to_target_s: MeanStd | None
+    energy_to_target_j: MeanStd | None
+    speedup_vs_baseline1: float | None
+    plan: list[Assignment]
+
+
+class FederatedEvaluation(Strict):
+    """A federated evaluation's result (the `--json` document): the spec, the summary per
+    method, every run round by round, and the wall time (s). Device figures are SIMULATED."""
+
+    name: str | None
+    spec: FederatedEvaluationSpec
+    summary: list[MethodSummary]
+    runs: list[FederatedRun]
+    wall_s: float
+    simulated: bool = True
+
+
+FLEET = [  # (device id, twin, board power cap in W; None: no cap)
+    ("nano-1", "jetson-nano", 5.0), ("nano-2", "jetson-nano", None), ("tx2-1", "jetson-tx2-nx", 7.0),
+    ("tx2-2", "jetson-tx2-nx", 10.0), ("orin-1", "jetson-agx-orin", 15.0), ("orin-2", "jetson-agx-orin", 30.0),
+]  # fmt: skip
+PRESET: dict[str, Any] = {
+    "name": "federated: smallcnn from init, MNIST (5000) split Dirichlet(0.5) over 6 twins of 3 types",
+    "seeds": [0, 1, 2],
+    "twins": {device_id: twin for device_id, twin, _ in FLEET},
+    "job": {
+        "kind": "federated", "model": "smallcnn", "weights": "init:0",
+        "dataset": {"name": "mnist5k"}, "partition": {"scheme": "dirichlet", "alpha": 0.5, "seed": 0},
+        "test_dataset": {"name": "mnist5k"}, "target_accuracy": 0.9,
+        "devices": [{"device_id": device_id, "power_cap_w": cap} for device_id, _, cap in FLEET],
+        "batch_sizes": [8, 16, 32, 64, 128], "local": {"local_steps": 10}, "max_rounds": 60,
+    },
+}  # fmt: skip
+
+
+def preset() -> FederatedEvaluationSpec:
+    """The ready-made federated evaluation (`edgetrain evaluate --federated`), validated."""
+    return FederatedEvaluationSpec.model_validate(PRESET)
+
+
+def _spread(values: list[float]) -> MeanStd | None:
+    return MeanStd(mean=statistics.fmean(values), std=statistics.pstdev(values)) if values else None
+
+
+def _first_plan(run: FederatedRun) -> list[Assignment]:
+    """Each device's assignment in the first round it took part in."""
+    seen: dict[str, Assignment] = {}
+    for record in run.rounds:
+        for d in record.devices:
+            seen.setdefault(d.assignment.device_id, d.assignment)
+    return list(seen.values())
+
+
+def summarize(runs: list[FederatedRun], methods: list[str]) -> list[MethodSummary]:
+    """Each method's figures over its runs (one per seed), in `methods` order."""
+    summaries = []
+    for method in methods:
+        mine = sorted((r for r in runs if r.method == method), key=lambda r: r.seed)
+        done = [r for r in mine if r.reached]
+        summaries.append(MethodSummary(
+            method=method, runs=len(mine), reached=len(done),
+            rounds=_spread([float(len(r.rounds)) for r in done]),
+            time_to_target_s=_spread([r.time_to_target_s for r in done if r.time_to_target_s is not None]),
+            energy_to_target_j=_spread([r.energy_to_target_j for r in done if r.energy_to_target_j is not None]),
+            speedup_vs_baseline1=None, plan=_first_plan(mine[0]) if mine else [],
+        ))  # fmt: skip
+    baseline = next((s for s in summaries if s.method == "baseline1"), None)
+    for s in summaries:
+        if baseline and baseline.time_to_target_s and s.time_to_target_s and baseline.reached == baseline.runs and s.reached == s.runs:
+            s.speedup_vs_baseline1 = baseline.time_to_target_s.mean / s.time_to_target_s.mean
+    return summaries
+
+
+def evaluate_fleet(
+    spec: FederatedEvaluationSpec,
+    on_round: Callable[[str, int, RoundRecord], None] | None = None,
+    on_run: Callable[[FederatedRun], None] | None = None,
+) -> FederatedEvaluation:  # fmt: skip
+    """Profile each twin once, run the job with every method and seed, and summarize;
+    `on_round(method, seed, record)` and `on_run(run)` report progress."""
+    started = time.perf_counter()
+    tables = {twin: twin_table(twin, spec.job) for twin in dict.fromkeys(spec.twins.values())}
+    runs = []
+    for method in spec.methods:
+        for seed in spec.seeds:
+            report = partial(on_round, method, seed) if on_round else None
+            runs.append(simulate(spec.run_spec(method, seed), spec.twins, tables, on_round=report))
+            if on_run:
+                on_run(runs[-1])
+    return FederatedEvaluation(name=spec.name, spec=spec, summary=summarize(runs, spec.methods), runs=runs,
+                               wall_s=time.perf_counter() - started)  # fmt: skip

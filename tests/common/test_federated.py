@@ -1,0 +1,255 @@
+"""Federated fine-tuning's pure parts: the seeded splits, each device's configuration and local
+work per round, who takes part, FedAvg, FedProx's local training and the job spec."""
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from edgetrain.common.federated.data import device_data, shares
+from edgetrain.common.federated.evaluation import PRESET, FederatedEvaluationSpec, preset, summarize
+from edgetrain.common.federated.partition import MIN_SAMPLES, split
+from edgetrain.common.federated.plan import Assignment, DeviceInRound, assign, balanced_steps, participants
+from edgetrain.common.federated.records import DeviceRound, RoundRecord
+from edgetrain.common.federated.rounds import fedavg, local_train
+from edgetrain.common.federated.simulate import FederatedRun
+from edgetrain.common.federated.spec import FederatedSpec, LocalWork, Partition
+from edgetrain.common.schemas import LearningRatePolicy, ProfileTable
+from edgetrain.common.selection import SelectionError
+
+LABELS = np.repeat(np.arange(10), 100)  # 10 labels, 100 samples each
+
+
+def test_iid_and_shards_splits_are_disjoint_cover_every_sample_and_are_seeded() -> None:
+    for partition in (Partition(scheme="iid", seed=3), Partition(scheme="shards", shards_per_device=2, seed=3)):
+        parts = split(LABELS, 7, partition)
+        together = np.concatenate(parts)
+        assert len(parts) == 7 and all(len(p) >= MIN_SAMPLES for p in parts)
+        assert len(together) == len(LABELS) and set(together.tolist()) == set(range(len(LABELS)))  # disjoint, all of them
+        again = split(LABELS, 7, partition)
+        assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+        other = split(LABELS, 7, partition.model_copy(update={"seed": 4}))
+        assert any(not np.array_equal(a, b) for a, b in zip(parts, other))
+
+
+def test_shards_give_each_device_few_labels() -> None:
+    parts = split(LABELS, 10, Partition(scheme="shards", shards_per_device=2))
+    assert max(len(np.unique(LABELS[p])) for p in parts) <= 2 * 2  # a shard of a sorted split spans at most two labels
+
+
+def test_dirichlet_split_is_disjoint_seeded_and_more_skewed_with_a_smaller_alpha() -> None:
+    def max_label_share(alpha: float) -> float:
+        parts = split(LABELS, 8, Partition(scheme="dirichlet", alpha=alpha, seed=1))
+        together = np.concatenate(parts)
+        assert len(set(together.tolist())) == len(together)  # disjoint
+        assert all(np.array_equal(a, b) for a, b in zip(parts, split(LABELS, 8, Partition(scheme="dirichlet", alpha=alpha, seed=1))))
+        return float(np.mean([np.bincount(LABELS[p], minlength=10).max() / len(p) for p in parts]))
+
+    skewed, even = max_label_share(0.1), max_label_share(100.0)
+    assert even < 0.2  # about 1/10 with near-equal proportions
+    assert skewed > 0.5 > even
+
+
+@pytest.mark.parametrize(
+    "labels, devices, partition, field",
+    [
+        (LABELS[:50], 7, Partition(scheme="iid"), "dataset: 50 training samples cannot give 7 devices"),
+        (LABELS[:100], 12, Partition(scheme="shards", shards_per_device=3), "partition.shards_per_device: 3 shards per device"),
+        (np.repeat(np.arange(10), 10), 12, Partition(scheme="dirichlet", alpha=0.01), "partition.alpha: Dir(0.01) over 12 devices"),
+        (LABELS, 0, Partition(), "devices: at least one device"),
+    ],
+)
+def test_a_split_that_cannot_give_every_device_enough_samples_names_the_field(labels, devices, partition, field) -> None:
+    with pytest.raises(ValueError, match=field.replace("(", r"\(").replace(")", r"\)")):
+        split(labels, devices, partition)
+
+
+# T for N_s = 64 samples (s), peak P (W) and E (J) at batch sizes 8 and 32, frequencies 100..300 Hz
+TABLE = ProfileTable(
+    batch_sizes=[8, 32], frequencies_hz=[100, 200, 300], samples=64,
+    time_s=[[6.0, 3.0, 1.2], [3.0, 1.5, 1.0]],
+    peak_power_w=[[2.0, 3.0, 4.0], [3.0, 5.0, 7.0]],
+    energy_j=[[12.0, 9.0, 4.8], [9.0, 7.5, 7.0]],
+)  # fmt: skip
+
+
+def _scaled(table: ProfileTable, factor: float) -> ProfileTable:
+    """The table of a device `factor` times slower at every point."""
+    return table.model_copy(update={"time_s": [[v * factor for v in row] for row in table.time_s]})
+
+
+def test_equation4_and_baseline1_choose_under_the_cap_and_train_equal_steps() -> None:
+    device = [DeviceInRound("nano-1", "jetson-nano", 5.5, TABLE)]
+    (eq4,) = assign(device, LocalWork(method="equation4", local_steps=5))
+    # eq. (4), r_b = 1: b=8 may run at 300 Hz (4 W): T = 1.2 s; b=32 at 200 Hz (5 W): 1.5 s
+    assert (eq4.batch_size, eq4.frequency_hz, eq4.local_steps) == (8, 300, 5)
+    assert eq4.expected_time_s == pytest.approx(5 * 1.2 * 8 / 64)
+    assert eq4.expected_energy_j == pytest.approx(5 * 4.8 * 8 / 64)
+    (b1,) = assign(device, LocalWork(method="baseline1", local_steps=5))
+    # Baseline 1: the largest batch, at the highest frequency whose worst-row power (3, 5, 7 W) is under 5.5 W
+    assert (b1.batch_size, b1.frequency_hz, b1.local_steps) == (32, 200, 5)
+    assert b1.expected_time_s == pytest.approx(5 * 1.5 * 32 / 64)
+    assert b1.strategy == "baseline1" and eq4.strategy == "equation4"
+
+
+def test_equal_steps_methods_give_every_device_local_steps() -> None:
+    fleet = [
+        DeviceInRound(f"d{k}", "t", cap, _scaled(TABLE, factor)) for k, (cap, factor) in enumerate([(None, 1.0), (4.0, 3.0), (6.0, 0.5)])
+    ]
+    for method in ("equation4", "baseline1"):
+        assert [a.local_steps for a in assign(fleet, LocalWork(method=method, local_steps=7))] == [7, 7, 7]
+
+
+def test_time_balanced_steps_give_every_device_about_the_median_devices_time() -> None:
+    fleet = [DeviceInRound(f"d{k}", "t", 5.5, _scaled(TABLE, factor)) for k, factor in enumerate([1.0, 5.0, 0.25, 2.0, 0.6])]
+    plan = assign(fleet, LocalWork(method="edgetrain", local_steps=10))
+    assert plan[0].local_steps == 10  # the median device (factor 1.0): 8 samples at 300 Hz, 0.15 s a step
+    budget = plan[0].expected_time_s
+    for a in plan:
+        step_s = a.expected_time_s / a.local_steps
+        assert abs(a.expected_time_s - budget) <= step_s / 2 + 1e-9, a
+    assert [a.local_steps for a in plan] == [10, 2, 40, 5, 17]
+
+
+def test_balanced_steps_keep_at_least_min_steps() -> None:
+    assert balanced_steps([1.0, 2.0, 100.0], LocalWork(method="edgetrain", local_steps=4, min_steps=3)) == [8, 4, 3]
+
+
+def test_a_cap_no_configuration_meets_names_the_device() -> None:
+    fleet = [DeviceInRound("nano-1", "jetson-nano", None, TABLE), DeviceInRound("nano-2", "jetson-nano", 1.5, TABLE)]
+    for method in ("edgetrain", "equation4", "baseline1"):
+        with pytest.raises(SelectionError, match=r"^device nano-2: power cap 1.50 W is below what any configuration needs"):
+            assign(fleet, LocalWork(method=method))
+
+
+def test_participants_are_a_seeded_fraction_different_per_round() -> None:
+    fleet = [f"d{k}" for k in range(10)]
+    picked = [participants(fleet, 0.3, seed=5, round_number=r) for r in range(1, 9)]
+    assert all(len(p) == 3 and p == sorted(p, key=fleet.index) for p in picked)
+    assert picked == [participants(fleet, 0.3, seed=5, round_number=r) for r in range(1, 9)]
+    assert len({tuple(p) for p in picked}) > 1
+    assert picked != [participants(fleet, 0.3, seed=6, round_number=r) for r in range(1, 9)]
+    assert participants(fleet, 1.0, 5, 1) == fleet
+    assert participants(fleet, 0.01, 5, 1) != [] and participants([], 0.5, 5, 1) == []
+
+
+def test_fedavg_weights_the_updates_by_their_samples_and_keeps_integer_buffers() -> None:
+    a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}
+    b = {"w": torch.tensor([5.0, -2.0]), "n": torch.tensor(7)}
+    merged = fedavg([(a, 1.0), (b, 3.0)])
+    assert torch.equal(merged["w"], torch.tensor([4.0, -1.0]))  # 1/4 * a + 3/4 * b
+    assert merged["w"].dtype == torch.float32
+    assert merged["n"].item() == 7 and merged["n"].dtype == torch.int64  # the heaviest update's counter
+    half = fedavg([({"w": torch.tensor([1.0], dtype=torch.float16)}, 2.0), ({"w": torch.tensor([2.0], dtype=torch.float16)}, 2.0)])
+    assert half["w"].dtype == torch.float16 and half["w"].item() == 1.5
+
+
+def test_fedavg_refuses_no_updates_and_weights_that_sum_to_zero() -> None:
+    with pytest.raises(ValueError, match="no update to aggregate"):
+        fedavg([])
+    with pytest.raises(ValueError, match=r"update weights must sum above 0, got \[0.0, 0.0\]"):
+        fedavg([({"w": torch.ones(1)}, 0.0), ({"w": torch.zeros(1)}, 0.0)])
+
+
+def test_fedprox_keeps_the_local_model_closer_to_the_global_weights() -> None:
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(256, 8), torch.randint(0, 3, (256,)))
+    model = nn.Linear(8, 3)
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    work = Assignment(device_id="d", device_type="t", power_cap_w=None, batch_size=16, frequency_hz=1, local_steps=40,
+                      expected_time_s=1.0, expected_energy_j=None, strategy="equation4")  # fmt: skip
+    lr = LearningRatePolicy(lr_ref=0.05, b_ref=16)
+
+    def drift(mu: float) -> float:
+        result = local_train(model, start, data, work, lr, mu, seed=1)
+        assert result.steps == 40 and result.samples == 40 * 16 and result.device_time_s is None
+        return sum(float((result.state[k] - start[k]).norm() ** 2) for k in start) ** 0.5
+
+    plain, prox = drift(0.0), drift(1.0)
+    assert drift(0.0) == pytest.approx(plain)  # seeded: the same mini-batches
+    assert 0 < prox < 0.5 * plain
+
+
+SPEC = {
+    "kind": "federated", "model": "smallcnn", "dataset": {"name": "digits"}, "test_dataset": {"name": "digits"},
+    "target_accuracy": 0.8, "devices": [{"device_id": "a"}, {"device_id": "b", "power_cap_w": 5.0}],
+}  # fmt: skip
+
+
+def _problems(spec: dict) -> str:
+    with pytest.raises(ValidationError) as err:
+        FederatedSpec.model_validate(spec)
+    return "\n".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.value.errors())
+
+
+def test_the_spec_refuses_a_wrong_kind_repeated_devices_and_missing_data_naming_the_fields() -> None:
+    assert "kind: Input should be 'federated'" in _problems(SPEC | {"kind": "finetune"})
+    repeated = _problems(SPEC | {"devices": [{"device_id": "a"}, {"device_id": "b"}, {"device_id": "a"}]})
+    assert "devices: each device may appear once; repeated ['a']" in repeated
+    missing = _problems({k: v for k, v in SPEC.items() if k != "dataset"})
+    assert "dataset: required when a device names no dataset of its own" in missing
+    assert "devices.1.power_cap_w: Input should be greater than 0" in _problems(
+        SPEC | {"devices": [{"device_id": "a"}, {"device_id": "b", "power_cap_w": 0}]}
+    )
+    assert "partition.scheme: Input should be 'iid', 'shards' or 'dirichlet'" in _problems(SPEC | {"partition": {"scheme": "zipf"}})
+    assert "local.method: Input should be 'edgetrain', 'equation4' or 'baseline1'" in _problems(SPEC | {"local": {"method": "fastest"}})
+
+
+def test_devices_with_their_own_data_need_no_job_dataset_and_the_others_share_it() -> None:
+    own = FederatedSpec.model_validate(
+        {k: v for k, v in SPEC.items() if k != "dataset"} | {"devices": [{"device_id": "a", "dataset": {"name": "digits"}}]}
+    )
+    assert own.partitioned() == [] and shares(own) == {}
+    spec = FederatedSpec.model_validate(
+        SPEC | {"devices": [{"device_id": "a"}, {"device_id": "b"}, {"device_id": "c", "dataset": {"name": "digits"}}]}
+    )
+    assert spec.partitioned() == ["a", "b"]
+    held = shares(spec)
+    assert set(held) == {"a", "b"} and not set(held["a"]) & set(held["b"])
+    assert len(device_data(spec, "a")) == len(held["a"])
+    assert len(device_data(spec, "c")) == len(held["a"]) + len(held["b"])  # its own dataset: the whole training split
+
+
+def _run(method: str, seed: int, round_times_s: list[float], reached: bool) -> FederatedRun:
+    """A run whose rounds each took `round_times_s` (device s) and 2 J, one device taking part."""
+    work = Assignment(device_id="d", device_type="t", power_cap_w=None, batch_size=8, frequency_hz=1, local_steps=1,
+                      expected_time_s=1.0, expected_energy_j=None, strategy=method)  # fmt: skip
+    elapsed = [sum(round_times_s[: k + 1]) for k in range(len(round_times_s))]
+    rounds = [RoundRecord(round=k + 1, accuracy=0.5, device_time_s=t, elapsed_s=e, energy_j=2.0,
+                          devices=[DeviceRound(assignment=work, device_time_s=t, energy_j=2.0, samples=8)])
+              for k, (t, e) in enumerate(zip(round_times_s, elapsed))]  # fmt: skip
+    return FederatedRun(method=method, seed=seed, initial_accuracy=0.1, rounds=rounds, reached=reached,
+                        time_to_target_s=elapsed[-1] if reached else None, energy_to_target_j=2.0 * len(rounds) if reached else None)  # fmt: skip
+
+
+def test_the_summary_is_over_the_seeds_that_reached_and_speeds_up_only_where_every_seed_did() -> None:
+    runs = [
+        _run("baseline1", 0, [1.0, 1.0, 1.0, 1.0], True), _run("baseline1", 1, [1.0, 1.0], True),
+        _run("edgetrain", 0, [0.5, 0.5], True), _run("edgetrain", 1, [0.5], True),
+        _run("equation4", 0, [1.0], True), _run("equation4", 1, [1.0] * 5, False),
+    ]  # fmt: skip
+    baseline, balanced, equal = summarize(runs, ["baseline1", "edgetrain", "equation4"])
+    assert (baseline.reached, baseline.rounds.mean, baseline.rounds.std) == (2, 3.0, 1.0)
+    assert (baseline.time_to_target_s.mean, baseline.energy_to_target_j.mean) == (3.0, 6.0)
+    assert balanced.time_to_target_s.mean == 0.75 and balanced.time_to_target_s.std == 0.25
+    assert balanced.speedup_vs_baseline1 == pytest.approx(3.0 / 0.75) and baseline.speedup_vs_baseline1 == 1.0
+    assert (equal.runs, equal.reached, equal.time_to_target_s.mean, equal.speedup_vs_baseline1) == (2, 1, 1.0, None)
+    assert [a.device_id for a in equal.plan] == ["d"]
+    (alone,) = summarize(runs, ["edgetrain"])
+    assert alone.speedup_vs_baseline1 is None  # no Baseline 1 to compare with
+
+
+def test_the_preset_fleet_and_an_evaluation_spec_refuse_what_cannot_run() -> None:
+    spec = preset()
+    assert len(spec.job.devices) >= 6 and len(set(spec.twins.values())) >= 3 and len(spec.seeds) >= 3
+    assert len({d.power_cap_w for d in spec.job.devices}) == len(spec.job.devices)
+    assert spec.job.partition.scheme == "dirichlet" and spec.job.partition.alpha == 0.5 and spec.job.target_accuracy == 0.9
+    one = spec.run_spec("equation4", 7)
+    assert (one.seed, one.local.method, one.local.local_steps) == (7, "equation4", spec.job.local.local_steps)
+    assert spec.job.local.method == "edgetrain" and spec.job.seed == 0  # the spec itself is left as it was
+    with pytest.raises(ValidationError, match=r"methods\n.*each method may appear once"):
+        FederatedEvaluationSpec.model_validate(PRESET | {"methods": ["edgetrain", "edgetrain"]})
+    with pytest.raises(ValidationError, match=r"twins: \['tx2-9'\] are not devices of job.devices"):
+        FederatedEvaluationSpec.model_validate(PRESET | {"twins": PRESET["twins"] | {"tx2-9": "jetson-tx2-nx"}})

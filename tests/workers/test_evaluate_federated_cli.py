@@ -1,0 +1,112 @@
+"""`edgetrain evaluate --federated SPEC`: a tiny federated evaluation end to end in this process
+(no Redis): the table on stdout, the JSON document and the figure in --out; refusals name the
+field and run nothing."""
+
+import json
+
+import pytest
+
+from edgetrain.common.federated.evaluation import LABELS, FederatedEvaluation
+from edgetrain.workers.cli import main as edgetrain_main
+
+TINY = {
+    "name": "tiny federated",
+    "seeds": [0, 1],
+    "twins": {"nano-1": "jetson-nano", "tx2-1": "jetson-tx2-nx", "orin-1": "jetson-agx-orin"},
+    "job": {
+        "kind": "federated", "model": "smallcnn", "dataset": {"name": "digits"}, "partition": {"scheme": "dirichlet", "alpha": 1.0},
+        "test_dataset": {"name": "digits"}, "target_accuracy": 0.5,
+        "devices": [{"device_id": "nano-1", "power_cap_w": 5.0}, {"device_id": "tx2-1"}, {"device_id": "orin-1", "power_cap_w": 15.0}],
+        "batch_sizes": [8, 16, 32], "local": {"local_steps": 5}, "max_rounds": 10,
+    },
+}  # fmt: skip
+
+
+@pytest.fixture
+def no_redis(monkeypatch) -> None:
+    for name in ("EDGETRAIN_REDIS_URL", "EDGETRAIN_REDIS_URL_FILE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def evaluate(tmp, spec: dict, *argv: str) -> int:
+    (tmp / "fed.json").write_text(json.dumps(spec))
+    return edgetrain_main(["evaluate", "--federated", str(tmp / "fed.json"), "--out", str(tmp / "out"), *argv])
+
+
+def test_a_tiny_federated_evaluation_prints_the_table_and_writes_the_json_and_the_figure(tmp, no_redis, capsys) -> None:
+    assert evaluate(tmp, TINY) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## tiny federated\n")
+    assert (
+        "| method | seeds reached | rounds | time to target (device s, SIMULATED) | speed-up vs Baseline 1 | fleet energy to target (J, SIMULATED) |"
+        in out
+    )
+    assert "| device | twin | cap | Baseline 1 | eq. (4), equal steps | edgetrain (time-balanced) |" in out
+    assert "| nano-1 | jetson-nano | 5 W | " in out and "| tx2-1 | jetson-tx2-nx | none | " in out
+
+    evaluation = FederatedEvaluation.model_validate_json((tmp / "out" / "federated.json").read_text())
+    assert [(r.method, r.seed) for r in evaluation.runs] == [(m, s) for m in ("baseline1", "equation4", "edgetrain") for s in (0, 1)]
+    assert evaluation.simulated and all(r.simulated for r in evaluation.runs)
+    for summary in evaluation.summary:
+        runs = [r for r in evaluation.runs if r.method == summary.method]
+        assert summary.runs == 2 and summary.reached == sum(r.reached for r in runs)
+        assert {a.device_id for a in summary.plan} == {"nano-1", "tx2-1", "orin-1"}
+        line = next(line for line in out.splitlines() if line.startswith(f"| {LABELS[summary.method]} | "))
+        assert line.split(" | ")[1] == f"{summary.reached}/2"
+        for run in runs:
+            assert run.rounds and all(r.accuracy >= 0 and r.device_time_s > 0 and r.energy_j > 0 for r in run.rounds)
+            assert run.reached == (run.rounds[-1].accuracy >= 0.5)
+            if run.reached:
+                assert run.time_to_target_s == pytest.approx(sum(r.device_time_s for r in run.rounds))
+    baseline, _, balanced = evaluation.summary
+    assert baseline.speedup_vs_baseline1 == pytest.approx(1.0)
+    assert all(a.local_steps == 5 for a in baseline.plan)
+    assert len({a.local_steps for a in balanced.plan}) > 1  # time-balanced: the devices' steps differ
+    assert all(s.reached == 2 for s in evaluation.summary)  # target 0.5 on digits: 5 to 8 rounds
+    assert balanced.speedup_vs_baseline1 == pytest.approx(baseline.time_to_target_s.mean / balanced.time_to_target_s.mean)
+    assert f"{balanced.speedup_vs_baseline1:.2f}x" in out
+
+    png = (tmp / "out" / "federated-accuracy.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20_000
+
+
+def test_json_puts_the_document_on_stdout(tmp, no_redis, capsys) -> None:
+    small = TINY | {"seeds": [3], "methods": ["edgetrain"], "job": TINY["job"] | {"max_rounds": 2, "target_accuracy": 0.99}}
+    assert evaluate(tmp, small, "--json") == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [(r["method"], r["seed"], r["reached"], len(r["rounds"])) for r in document["runs"]] == [("edgetrain", 3, False, 2)]
+    (summary,) = document["summary"]
+    assert summary["reached"] == 0 and summary["time_to_target_s"] is None and summary["speedup_vs_baseline1"] is None
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        (
+            TINY | {"twins": {"nano-1": "jetson-nano", "tx2-1": "jetson-tx2-nx"}},
+            "twins: give a twin for every device of job.devices; missing ['orin-1']",
+        ),
+        (TINY | {"twins": TINY["twins"] | {"orin-1": "no-such-board"}}, "twins: orin-1: unknown twin 'no-such-board'"),
+        (TINY | {"methods": ["baseline1", "fastest"]}, "methods: unknown methods ['fastest']"),
+        (TINY | {"job": TINY["job"] | {"target_accuracy": 1.5}}, "job.target_accuracy: Input should be less than 1"),
+        (TINY | {"job": {k: v for k, v in TINY["job"].items() if k != "dataset"}}, "job: dataset: required when a device names no dataset"),
+    ],
+)
+def test_a_bad_federated_spec_exits_2_naming_the_field(tmp, no_redis, capsys, spec, words) -> None:
+    assert evaluate(tmp, spec) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"invalid federated evaluation spec {tmp / 'fed.json'}:" in captured.err
+    assert words in captured.err
+    assert not (tmp / "out").exists()
+
+
+def test_federated_is_not_combined_with_a_scale(tmp, no_redis, capsys) -> None:
+    assert evaluate(tmp, TINY, "--scale", "quick") == 2
+    assert "--federated runs the ready-made federated evaluation or SPEC; not with --scale or --verify" in capsys.readouterr().err
+
+
+def test_a_cap_no_configuration_meets_exits_3_naming_the_device(tmp, no_redis, capsys) -> None:
+    devices = [{"device_id": "nano-1", "power_cap_w": 0.5}, {"device_id": "tx2-1"}, {"device_id": "orin-1"}]
+    assert evaluate(tmp, TINY | {"seeds": [0], "job": TINY["job"] | {"devices": devices}}) == 3
+    assert "device nano-1: power cap 0.50 W is below what any configuration needs" in capsys.readouterr().err
+    assert not (tmp / "out").exists()
