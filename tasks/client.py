@@ -207,7 +207,11 @@ class EdgeTrainClient:
         record, state = f.record(checked_id(job_id, "job_id")), f.state(job_id)
         if record is None or state is None:
             return None
-        return FederatedStatus(record=record, state=state, events=f.events(job_id)[-events:])
+        return FederatedStatus(record=record, state=state, events=f.events(job_id)[-events:] if events else [])
+
+    def federated_jobs(self, limit: int = 100) -> list[FederatedStatus]:
+        """The newest federated jobs first, without their events."""
+        return [s for job_id in self.store.federated.job_ids(limit) if (s := self.federated_status(job_id, events=0))]
 
     def wait_federated(self, job_id: str, timeout_s: float | None = None, poll_s: float = 0.5,
                        on_update: Callable[[FederatedStatus], None] | None = None) -> FederatedStatus:  # fmt: skip

@@ -174,8 +174,13 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     """`edgetrain jobs [--state S]`: the newest jobs."""
     from edgetrain.common.jobs import JobState
 
-    jobs = _client(args).jobs(JobState(args.state) if args.state else None, args.limit)
-    print_json(jobs) if args.json else print(format_jobs(jobs))
+    from .federated_output import format_federated_jobs
+
+    client = _client(args)
+    jobs = client.jobs(JobState(args.state) if args.state else None, args.limit)
+    federated = [] if args.state or args.json else client.federated_jobs(args.limit)
+    text = "\n".join(part for part in (format_jobs(jobs) if jobs else "", format_federated_jobs(federated)) if part) or "no jobs"
+    print_json(jobs) if args.json else print(text)
     return ExitCode.ok
 
 
@@ -429,7 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_select)
 
-    p = sub.add_parser("jobs", help="list the newest jobs; `jobs prune` deletes old finished ones", parents=conn)
+    p = sub.add_parser("jobs", help="list the newest jobs, then federated ones (not with --state or --json); `jobs prune` deletes old "
+                       "finished jobs", parents=conn)
     p.add_argument("--state", choices=[s.value for s in JobState], help="only jobs in this state")
     p.add_argument("--limit", type=int, default=100, help="how many of the newest jobs (default 100)")
     p.add_argument("--json", action="store_true")

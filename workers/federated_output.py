@@ -7,6 +7,16 @@ from edgetrain.common.federated.records import FederatedStatus
 EVENTS_SHOWN = 10
 
 
+def format_federated_jobs(jobs: list[FederatedStatus]) -> str:
+    """One line per federated job, newest first."""
+    return "\n".join(
+        f"{j.record.job_id}  {j.state.phase:<10} {j.record.spec.model:<18} {len(j.record.spec.devices):>4} device(s)  "
+        f"submitted {j.record.created_at:%Y-%m-%d %H:%M:%S}  federated, round {j.state.round}"
+        + (f", global accuracy {j.state.accuracy:.4f}" if j.state.accuracy is not None else "")
+        for j in jobs
+    )
+
+
 def format_federated(status: FederatedStatus) -> str:
     """The job's phase, its rounds so far (global accuracy, device time, energy), the open
     round's assignments and the newest events; figures from twins say SIMULATED."""

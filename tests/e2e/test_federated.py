@@ -3,6 +3,7 @@ device killed mid-round, a device frozen past the round's deadline, and the cont
 restarted while a round is aggregated. One cluster of three twins serves the module."""
 
 import json
+import re
 import signal
 import statistics
 import time
@@ -58,6 +59,9 @@ def test_a_federated_job_trains_one_model_in_rounds_to_its_target(cluster, tmp_p
     assert main(["status", job_id, "--json", "--redis-url", cluster.url]) == ExitCode.ok
     assert json.loads(capsys.readouterr().out)["state"]["phase"] == "completed"
     assert main(["cancel", job_id, "--redis-url", cluster.url]) == ExitCode.finished
+    capsys.readouterr()
+    assert main(["jobs", "--redis-url", cluster.url]) == ExitCode.ok
+    assert re.search(rf"^{job_id}  completed .* 3 device\(s\) .* federated, round \d+, global accuracy 0\.[89]", capsys.readouterr().out, re.M)
     status = client.federated_status(job_id)
     state = status.state
     assert state.phase == "completed", (state.reason, [e.line() for e in status.events])
