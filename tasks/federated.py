@@ -100,7 +100,7 @@ def _next_round(record: FederatedRecord, state: FederatedState) -> str:
     r = state.round + 1
     taking_part = participants([d.device_id for d in spec.devices if d.device_id in live], spec.participation.fraction, spec.seed, r)
     try:
-        plan = assign([_in_round(record, live[d], ready[live[d].device_type]) for d in taking_part], spec.local)
+        plan = assign([_in_round(record, live[d], ready[live[d].device_type], r) for d in taking_part], spec.local)
     except ValueError as exc:
         return _finish(job_id, "failed", f"round {r}: {exc}")
     deadline = utc_now() + timedelta(seconds=spec.participation.deadline_s)
@@ -122,11 +122,15 @@ def _next_round(record: FederatedRecord, state: FederatedState) -> str:
     return "training"
 
 
-def _in_round(record: FederatedRecord, device: DeviceInfo, table: ProfileTable) -> DeviceInRound:
-    """A participant with its cap now: one set on the device (`edgetrain cap set`), else the spec's."""
-    cap = store().fleet.power_cap(device.device_id)
-    spec_cap = next(d.power_cap_w for d in record.spec.devices if d.device_id == device.device_id)
-    return DeviceInRound(device.device_id, device.device_type, cap.power_cap_w if cap else spec_cap, table, device.power_envelope_w)
+def _in_round(record: FederatedRecord, device: DeviceInfo, table: ProfileTable, r: int) -> DeviceInRound:
+    """A participant of round `r` with its cap: one set on the device (`edgetrain cap`) since
+    the job was submitted, else the spec's for that round."""
+    set_on_device = store().fleet.power_cap(device.device_id)
+    if set_on_device is not None and set_on_device.set_at > record.created_at:
+        cap = set_on_device.power_cap_w
+    else:
+        cap = next(d for d in record.spec.devices if d.device_id == device.device_id).cap_in(r)
+    return DeviceInRound(device.device_id, device.device_type, cap, table, device.power_envelope_w)
 
 
 def _opened(r: int, plan: list[Assignment]) -> str:

@@ -36,6 +36,11 @@ def format_federated(status: FederatedStatus) -> str:
         for r in state.rounds:
             lines.append(f"  {r.round:>5}  {r.accuracy:>8.4f}  {r.device_time_s:>9.3f}  {r.elapsed_s:>9.3f}  {r.energy_j:>9.2f}  "
                          f"{len(r.devices):>7}  {', '.join(r.missing) or '-'}")  # fmt: skip
+    if state.rounds and state.rounds[-1].devices:
+        last = state.rounds[-1]
+        each = "; ".join(f"{d.assignment.device_id} b={d.assignment.batch_size} x{d.assignment.local_steps} {d.device_time_s:.3f} s "
+                         f"{d.energy_j:.2f} J" for d in last.devices)  # fmt: skip
+        lines.append(f"  round {last.round} by device: {each}")
     if state.phase == "training" and state.deadline_at is not None:
         each = ", ".join(f"{a.device_id} b={a.batch_size} f={a.frequency_hz} x{a.local_steps}" for a in state.assignments)
         lines.append(f"  round {state.round} open until {state.deadline_at:%H:%M:%S} UTC: {each}")

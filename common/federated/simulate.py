@@ -42,8 +42,8 @@ def twin_table(twin: str, spec: FederatedSpec, options: ProfilingOptions | None 
                    LearningRatePolicy(optimizer=get_model(spec.model).optimizer))  # fmt: skip
 
 
-def _in_round(d: FederatedDevice, twin: str, tables: dict[str, ProfileTable], boards: dict[str, SimulatedDevice]) -> DeviceInRound:
-    return DeviceInRound(d.device_id, twin, d.power_cap_w, tables[twin], boards[d.device_id].power_envelope_w)
+def _in_round(d: FederatedDevice, r: int, twin: str, tables: dict[str, ProfileTable], boards: dict[str, SimulatedDevice]) -> DeviceInRound:
+    return DeviceInRound(d.device_id, twin, d.cap_in(r), tables[twin], boards[d.device_id].power_envelope_w)
 
 
 def simulate(
@@ -71,7 +71,7 @@ def simulate(
         if accuracy >= spec.target_accuracy:
             break
         taking_part = participants([d.device_id for d in spec.devices], spec.participation.fraction, spec.seed, r)
-        plan = assign([_in_round(d, twins[d.device_id], tables, devices) for d in spec.devices if d.device_id in taking_part],
+        plan = assign([_in_round(d, r, twins[d.device_id], tables, devices) for d in spec.devices if d.device_id in taking_part],
                       spec.local, vector)  # fmt: skip
         done = []
         updates = []

@@ -9,8 +9,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from ..ids import Identifier
-from ..limits import MAX_BATCH_SIZES, MAX_NAME_CHARS, BatchSize, Seed
-from ..schemas import PAPER_BATCH_SIZES, DatasetRef, LearningRatePolicy, Strict
+from ..limits import MAX_BATCH_SIZES, MAX_CAP_STEPS, MAX_NAME_CHARS, BatchSize, Seed
+from ..schemas import PAPER_BATCH_SIZES, CapSchedule, DatasetRef, LearningRatePolicy, Strict
 
 MAX_FEDERATED_DEVICES = 1000  # devices of one federated job (each holds a model per round)
 MAX_ROUNDS = 10_000
@@ -30,13 +30,26 @@ class Partition(Strict):
 
 
 class FederatedDevice(Strict):
-    """One device of a federated job: its board power cap (W; None: no cap; a cap set later
-    with `edgetrain cap set` holds from the next round) and its data: a dataset it holds, or
-    (None) its share of the job's dataset under `partition`."""
+    """One device of a federated job: its board power cap (W; None: no cap), or a schedule of
+    caps by round (a cap set on the device with `edgetrain cap` after the job was submitted
+    holds instead, from the next round), and its data: a dataset it holds, or (None) its share
+    of the job's dataset under `partition`."""
 
     device_id: Identifier
     power_cap_w: float | None = Field(None, gt=0, description="board power cap in W; None = no cap")
+    power_cap_schedule: CapSchedule | None = Field(
+        None, max_length=MAX_CAP_STEPS, description="[[round, cap in W or null], ...]: the cap from that round on; power_cap_w holds before"
+    )
     dataset: DatasetRef | None = None
+
+    def cap_in(self, round_number: int) -> float | None:
+        """The scheduled cap (W) of round `round_number`."""
+        cap = self.power_cap_w
+        for first_round, step_cap in self.power_cap_schedule or []:
+            if first_round > round_number:
+                break
+            cap = step_cap
+        return cap
 
 
 class Aggregation(Strict):

@@ -138,9 +138,11 @@ def test_restarting_the_control_worker_while_a_round_is_aggregated_loses_and_rep
     rounds_are_whole(status)
 
 
-def test_a_cap_set_on_a_device_rebalances_the_rounds_from_the_next_one(cluster) -> None:
+def test_a_cap_set_on_a_device_or_scheduled_rebalances_the_rounds_from_the_next_one(cluster) -> None:
     client, store = EdgeTrainClient(cluster.url), cluster.store()
-    job_id = client.submit_federated(spec(target=0.99, max_rounds=40))
+    job = spec(target=0.99, max_rounds=40)
+    job["devices"][1]["power_cap_schedule"] = [[3, 4.0]]  # the TX2 NX at 4 W from round 3 on
+    job_id = client.submit_federated(job)
     poll_until(lambda: (s := store.federated.state(job_id)) and s.round >= 2 or None, 180, 0.1, "round 2")
     client.set_power_cap("nano-f", 3.0)  # below the 5 W of the spec: the Nano's clock comes down
     set_in = store.federated.state(job_id).round
@@ -152,6 +154,8 @@ def test_a_cap_set_on_a_device_rebalances_the_rounds_from_the_next_one(cluster) 
     def nano(r) -> object:
         return next(d.assignment for d in r.devices if d.assignment.device_id == "nano-f")
 
+    tx2 = [next(d.assignment.power_cap_w for d in r.devices if d.assignment.device_id == "tx2-f") for r in rounds[:3]]
+    assert tx2 == [10.0, 10.0, 4.0]
     before, after = nano(rounds[0]), nano(rounds[set_in])
     assert (before.power_cap_w, after.power_cap_w) == (5.0, 3.0)
     assert after.frequency_hz < before.frequency_hz or after.batch_size != before.batch_size
