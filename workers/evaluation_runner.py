@@ -23,13 +23,16 @@ from typing import Any
 from rich.progress import TaskID
 
 from edgetrain.common.evaluation import (
+    Achieved,
     Check,
     DatasetGoal,
     DeviceProfile,
     Dispatched,
+    EvaluationRow,
     EvaluationRun,
     EvaluationSpec,
     Verification,
+    achieved,
     checks,
     evaluate,
     verification,
@@ -202,23 +205,37 @@ class _Evaluation:
 
     # ---------------------------------------------------------------- verification
 
-    def verify(self, weights: str, run: EvaluationRun, tables: dict[str, ProfileTable]) -> list[Verification]:
-        """Fine-tune every distinct configuration of each row on its device, as real jobs."""
+    def verify(self, weights: str, run: EvaluationRun, tables: dict[str, ProfileTable]) -> tuple[list[Verification], list[Achieved]]:
+        """Fine-tune, as real jobs on each row's device: edgetrain as a user's job runs it (sent
+        first, so that it learns nothing from the others), then every distinct configuration of
+        the row's methods."""
         by_type = {info.device_type: info for info in reversed(self.devices)}  # the first device of each type
         goals = {goal.label: goal for goal in self.spec.goals()}
         seed = self.spec.seeds[0]
+        own: list[tuple[EvaluationRow, str, _Waited]] = []
+        for row in run.rows:
+            info, goal = by_type[row.device_type], goals[row.target]
+            job_id = self.client.submit(self.job(weights, info, goal, row.power_cap_w, None))
+            self.dispatched.finetunes += 1
+            what = f"run edgetrain {info.device_id}, {_cap(row.power_cap_w)}, {goal.label}: the closed loop from the proxy, job {job_id}"
+            waited = _Waited(what, self.finished_status(job_id), self.progress.add(what), self.job_progress(what, job_id, info),
+                             self.job_outcome(info))  # fmt: skip
+            own.append((row, job_id, waited))
         jobs: list[tuple[Check, str, _Waited]] = []
         for check in checks(run.rows):
             info, goal = by_type[check.row.device_type], goals[check.row.target]
-            job_id = self.client.submit(self.job(weights, info, goal, check))
+            job_id = self.client.submit(self.job(weights, info, goal, check.row.power_cap_w, check))
             self.dispatched.finetunes += 1
-            cap = "no cap" if check.row.power_cap_w is None else f"cap {check.row.power_cap_w:g} W"
-            what = (f"verify {info.device_id}, {cap}, {goal.label}: b={check.batch_size} at "
+            what = (f"verify {info.device_id}, {_cap(check.row.power_cap_w)}, {goal.label}: b={check.batch_size} at "
                     f"{check.frequency_hz / 1e6:g} MHz ({', '.join(check.methods)}), job {job_id}")  # fmt: skip
             task = self.progress.add(what)
             waited = _Waited(what, self.finished_status(job_id), task, self.job_progress(what, job_id, info), self.job_outcome(info))
             jobs.append((check, job_id, waited))
-        self.wait_all([w for _, _, w in jobs])
+        self.wait_all([w for _, _, w in own] + [w for _, _, w in jobs])
+        ran = []
+        for row, job_id, w in own:
+            part = w.value.parts[by_type[row.device_type].device_id]
+            ran.append(achieved(row, part.device_id, part.report, job_id, part.reason))
         verified = []
         for check, job_id, w in jobs:
             info, goal = by_type[check.row.device_type], goals[check.row.target]
@@ -227,17 +244,19 @@ class _Evaluation:
             server = {(o.batch_size, o.seed): o.samples_to_accuracy for o in self.client.store.resources.vector_parts(key)}
             verified.append(verification(check, info.device_id, seed, tables[info.device_type], part.report,
                                          server.get((check.batch_size, seed)), job_id, part.reason))  # fmt: skip
-        return verified
+        return verified, ran
 
-    def job(self, weights: str, info: DeviceInfo, goal: DatasetGoal, check: Check) -> dict[str, Any]:
-        """A job that fine-tunes `check`'s configuration on the target's data. Its proxy is the
-        target itself, so the job's relation vector is the target's, estimated already."""
+    def job(self, weights: str, info: DeviceInfo, goal: DatasetGoal, power_cap_w: float | None, check: Check | None) -> dict[str, Any]:
+        """A job that fine-tunes on the target's data: `check`'s configuration, its proxy the
+        target itself (so the job's relation vector is the target's, estimated already); or,
+        without a check, edgetrain's own choice from the spec's proxy, as a user's job."""
         spec = self.spec
-        configuration = {"batch_size": check.batch_size, "frequency_hz": check.frequency_hz}
+        proxy = goal.dataset if check else spec.proxy.dataset
+        fixed = {"configuration": {"batch_size": check.batch_size, "frequency_hz": check.frequency_hz}} if check else {}
         return {
-            "model": spec.model, "weights": weights, "dataset": goal.dataset.model_dump(), "proxy_dataset": goal.dataset.model_dump(),
+            "model": spec.model, "weights": weights, "dataset": goal.dataset.model_dump(), "proxy_dataset": proxy.model_dump(),
             "target_accuracy": goal.target_accuracy,
-            "devices": [{"device_id": info.device_id, "power_cap_w": check.row.power_cap_w, "configuration": configuration}],
+            "devices": [{"device_id": info.device_id, "power_cap_w": power_cap_w, **fixed}],
             "batch_sizes": spec.batch_sizes, "seeds": spec.seeds, "lr": spec.lr.model_dump(),
             "eval_every_samples": spec.eval_every_samples, "max_samples": spec.max_samples,
             "profiling": spec.profiling.model_dump() | {"force": False},  # the table was just made or checked
@@ -292,9 +311,13 @@ class _Evaluation:
         )  # fmt: skip
         evaluated = {p.device_type: p.table for p in profiles}
         if verify:
-            run.verification = self.verify(weights, run, evaluated)
+            run.verification, run.achieved = self.verify(weights, run, evaluated)
         run.wall_s = time.perf_counter() - started
         return run, evaluated
+
+
+def _cap(power_cap_w: float | None) -> str:
+    return "no cap" if power_cap_w is None else f"cap {power_cap_w:g} W"
 
 
 def run_evaluation(client: EdgeTrainClient, spec: EvaluationSpec, devices: list[DeviceInfo], progress: EvaluationProgress,

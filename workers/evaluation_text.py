@@ -9,6 +9,7 @@ import math
 
 from edgetrain.common.evaluation import (
     METHODS,
+    Achieved,
     EvaluationRow,
     EvaluationRun,
     MeanStd,
@@ -156,6 +157,26 @@ def verification_table(verified: list[Verification]) -> list[str]:
     ]  # fmt: skip
 
 
+def _achieved_line(a: Achieved) -> list[str]:
+    return [
+        f"{a.device_type}{' (SIMULATED)' if a.simulated else ''}", a.target, cap_cell(a.power_cap_w), a.evidence or "-",
+        " -> ".join(a.configurations) or "-", str(len(a.switches)), _num(a.time_to_accuracy_s), _num(a.oracle_time_s),
+        _pct(a.over_oracle_pct), _num(a.baseline1_time_s),
+        "-" if a.speedup_vs_baseline1 is None else f"{a.speedup_vs_baseline1:.2f}x", a.reason or "",
+    ]  # fmt: skip
+
+
+def achieved_table(ran: list[Achieved]) -> list[str]:
+    """edgetrain's own fine-tunes (`--verify`) next to the row's computed oracle and Baseline 1."""
+    head = ["device", "target", "cap", "started from", "b @ MHz that ran", "switches", "achieved s (run's N_b)", "oracle s (computed)",
+            "over oracle", "Baseline 1 s (computed)", "vs Baseline 1", "note"]  # fmt: skip
+    lines = ["edgetrain run through the device workers as a user's job (the proxy's vector as the prior, the closed loop, "
+             "what earlier fine-tunes on the data left): achieved = device time per sample x its own N_b:", "",
+             *markdown_table(head, [_achieved_line(a) for a in ran])]  # fmt: skip
+    switched = [f"- {a.device_type}, {cap_cell(a.power_cap_w)}, {a.target}: {s}" for a in ran for s in a.switches]
+    return lines + (["", "Switches:", *switched] if switched else [])
+
+
 def format_run(run: EvaluationRun) -> str:
     """One evaluation: title, what it was computed from, every table, the notes."""
     d = run.dispatched
@@ -173,6 +194,8 @@ def format_run(run: EvaluationRun) -> str:
     if run.robustness:
         lines += ["", *robustness_lines(run.robustness)]
     lines += ["", *vector_table(run)]
+    if run.achieved:
+        lines += ["", *achieved_table(run.achieved)]
     if run.verification:
         lines += ["", *verification_table(run.verification)]
     if run.notes:

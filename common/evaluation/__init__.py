@@ -27,12 +27,12 @@ from .results import (
 )
 from .run import Dispatched, EvaluationRun
 from .spec import DatasetGoal, EvaluatedDevice, EvaluationSpec, PretrainStep
-from .verification import Check, Verification, checks, verification
+from .verification import Achieved, Check, Verification, achieved, checks, verification
 
 __all__ = [
-    "METHODS", "SCALES", "Check", "DatasetGoal", "DeviceProfile", "Dispatched", "EvaluatedDevice", "EvaluationReport",
+    "METHODS", "SCALES", "Achieved", "Check", "DatasetGoal", "DeviceProfile", "Dispatched", "EvaluatedDevice", "EvaluationReport",
     "EvaluationRow", "EvaluationRun", "EvaluationSpec", "MeanStd", "MethodResult", "PretrainStep", "Robustness",
-    "SensitivityMatrix", "Verification", "checks", "evaluate", "evaluation_row", "method_result", "over_oracle_pct",
+    "SensitivityMatrix", "Verification", "achieved", "checks", "evaluate", "evaluation_row", "method_result", "over_oracle_pct",
     "robustness", "scale_preset",
     "sensitivity_matrix", "speedup", "strategies", "verification",
 ]  # fmt: skip

@@ -8,7 +8,7 @@ from pydantic import Field
 from ..schemas import RelationVector, Strict
 from .results import EvaluationReport
 from .spec import EvaluationSpec
-from .verification import Verification
+from .verification import Achieved, Verification
 
 
 class Dispatched(Strict):
@@ -32,5 +32,6 @@ class EvaluationRun(EvaluationReport):
     pretrain_test_accuracy: float | None = None
     vectors: dict[str, RelationVector] = Field(description="per dataset label: N_b over seeds for every batch size")
     verification: list[Verification] = Field(default_factory=list)
+    achieved: list[Achieved] = Field(default_factory=list, description="edgetrain's own fine-tune of each row, through the device workers")
     dispatched: Dispatched
     wall_s: float

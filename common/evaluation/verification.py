@@ -112,3 +112,53 @@ def verification(check: Check, device_id: str, seed: int, table: ProfileTable, r
             "reason": reason if run.reached else reason or f"the fine-tune did not reach the target (accuracy {run.final_accuracy:.3f})",
         }
     )  # fmt: skip
+
+
+class Achieved(Strict):
+    """edgetrain's own fine-tune of a row, run through the device workers as a user's job would
+    run (the proxy's vector as the prior, the closed loop, and what earlier fine-tunes on the
+    data left): what it achieved beside the row's computed methods (device s, simulated on a
+    twin). `time_to_accuracy_s` is its device time per sample times its own N_b, as for
+    `Verification.measured_time_s`; None where it did not reach the target."""
+
+    device_type: str
+    device_id: str
+    power_cap_w: float | None
+    target: str
+    job_id: str | None = None
+    reason: str | None = Field(None, description="why the fine-tune did not run, failed or did not reach the target")
+    simulated: bool | None = None
+    reached: bool = False
+    configurations: list[str] = Field(default_factory=list, description="the (b, f) that ran, in order ('16 @ 921.6 MHz')")
+    switches: list[str] = Field(default_factory=list, description="each change of configuration: its cause and note")
+    evidence: str | None = Field(None, description="where the vector it started from came from (proxy, learned, closed loop)")
+    device_time_s: float | None = Field(None, description="device time to the evaluation that stopped it")
+    time_to_accuracy_s: float | None = None
+    oracle_time_s: float | None = Field(None, description="the row's oracle: eq. (2) with the target's N_b (mean over seeds)")
+    baseline1_time_s: float | None = None
+    over_oracle_pct: float | None = None
+    speedup_vs_baseline1: float | None = None
+
+
+def achieved(row: EvaluationRow, device_id: str, run: RunReport | None, job_id: str | None = None,
+             reason: str | None = None) -> Achieved:  # fmt: skip
+    """What edgetrain's fine-tune `run` of `row` achieved (None: it did not run, `reason` says why)."""
+    oracle = row.oracle.time_to_accuracy_s.mean if row.oracle.time_to_accuracy_s else None
+    baseline1 = row.baseline1.time_to_accuracy_s.mean if row.baseline1.time_to_accuracy_s else None
+    result = Achieved(device_type=row.device_type, device_id=device_id, power_cap_w=row.power_cap_w, target=row.target,
+                      job_id=job_id, reason=reason, oracle_time_s=oracle, baseline1_time_s=baseline1)  # fmt: skip
+    if run is None:
+        return result
+    n_b = run.samples_to_accuracy if run.reached else None
+    measured = run.device_time_s / run.samples_processed * n_b if n_b is not None and run.samples_processed else None
+    return result.model_copy(
+        update={
+            "simulated": run.simulated, "reached": run.reached, "device_time_s": run.device_time_s, "time_to_accuracy_s": measured,
+            "configurations": [f"{c.batch_size} @ {c.frequency_hz / 1e6:g} MHz" for c in run.configurations],
+            "switches": [s.line().strip() for s in run.switches],
+            "evidence": run.learned.source if run.learned else "proxy",
+            "over_oracle_pct": _pct(measured, oracle),
+            "speedup_vs_baseline1": baseline1 / measured if baseline1 is not None and measured else None,
+            "reason": reason if run.reached else reason or f"the fine-tune did not reach the target (accuracy {run.final_accuracy:.3f})",
+        }
+    )  # fmt: skip

@@ -70,3 +70,23 @@ def test_a_run_that_misses_the_target_or_never_ran_says_why() -> None:
     refused = verification(check, "b-1", 0, TABLE, None, 2000, "j2", "configuration b=16 at 100 MHz: over the power cap")
     assert not refused.reached and refused.device_time_s is None and refused.reason.endswith("over the power cap")
     assert refused.computed_time_s == MeanStd(mean=40.0, std=0.1)
+
+
+def test_edgetrains_own_run_is_scored_against_the_rows_oracle_and_baseline_1_with_what_it_switched() -> None:
+    from edgetrain.common.evaluation.verification import achieved
+    from edgetrain.common.schemas import ConfigSwitch, ConfigurationRun
+
+    r = row(baseline1=method(64, 100, 30.0), baseline2=method(64, 100, 30.0), edgetrain=method(64, 200, 16.0), oracle=method(16, 200, 12.0))
+    switch = ConfigSwitch(device_time_s=5.0, samples=512, cause="evidence", power_cap_w=3.5, old_batch_size=64,
+                          old_frequency_hz=200 * MHZ, new_batch_size=16, new_frequency_hz=200 * MHZ, note="curve below b=16's")  # fmt: skip
+    ran = run(configurations=[ConfigurationRun(batch_size=64, frequency_hz=200 * MHZ, samples=512),
+                              ConfigurationRun(batch_size=16, frequency_hz=200 * MHZ, samples=1536)], switches=[switch])  # fmt: skip
+    a = achieved(r, "b-1", ran, "j2")
+    assert a.time_to_accuracy_s == pytest.approx(17.0 / 2048 * 1900)
+    assert a.over_oracle_pct == pytest.approx((17.0 / 2048 * 1900 / 12.0 - 1) * 100)
+    assert a.speedup_vs_baseline1 == pytest.approx(30.0 / (17.0 / 2048 * 1900))
+    assert a.configurations == ["64 @ 200 MHz", "16 @ 200 MHz"] and len(a.switches) == 1 and "evidence" in a.switches[0]
+    assert a.evidence == "proxy" and a.reason is None
+    missed = achieved(r, "b-1", run(reached=False, samples_to_accuracy=None, final_accuracy=0.7), "j3")
+    assert missed.time_to_accuracy_s is None and "did not reach the target (accuracy 0.700)" in missed.reason
+    assert achieved(r, "b-1", None, None, "failed: no device").reason == "failed: no device"

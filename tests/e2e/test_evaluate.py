@@ -121,7 +121,7 @@ def test_verify_fine_tunes_each_configuration_of_a_row_on_the_twin(first) -> Non
     [row] = verified["rows"]
     assert row == document["rows"][0]
     configurations = {(row[m]["batch_size"], row[m]["frequency_hz"]) for m in METHODS}
-    assert verified["dispatched"] == {"pretrain": 0, "estimations": 0, "profiles": 0, "finetunes": len(configurations)}
+    assert verified["dispatched"] == {"pretrain": 0, "estimations": 0, "profiles": 0, "finetunes": len(configurations) + 1}
     assert {(v["batch_size"], v["frequency_hz"]) for v in verified["verification"]} == configurations
     for v in verified["verification"]:
         assert v["reached"] and v["simulated"] and v["reason"] is None and v["power_cap_w"] == 4.0
@@ -130,3 +130,9 @@ def test_verify_fine_tunes_each_configuration_of_a_row_on_the_twin(first) -> Non
         assert v["computed_time_for_run_s"] == pytest.approx(v["computed_time_s"]["mean"])  # one seed
         assert abs(v["time_error_pct"]) < 5 and abs(v["energy_error_pct"]) < 5  # eq. (2) holds on the twin up to its noise
     assert "verify sim-jetson-nano, cap 4 W, mnist5k (0.2)" in done.stderr and "reached" in done.stderr
+    [own] = verified["achieved"]  # edgetrain as a user's job runs it, through the device worker
+    assert own["reached"] and own["simulated"] and own["power_cap_w"] == 4.0 and own["evidence"] in ("proxy", "learned", "closed_loop")
+    assert own["configurations"] and len(own["switches"]) >= len(own["configurations"]) - 1
+    assert own["time_to_accuracy_s"] > 0 and own["over_oracle_pct"] == pytest.approx(
+        (own["time_to_accuracy_s"] / row["oracle"]["time_to_accuracy_s"]["mean"] - 1) * 100)
+    assert "run edgetrain sim-jetson-nano, cap 4 W, mnist5k (0.2)" in done.stderr
