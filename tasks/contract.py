@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Any
 
 from celery import Celery, Task
+from celery.exceptions import SoftTimeLimitExceeded
 from celery.result import AsyncResult
 from pydantic import BaseModel
 
@@ -144,3 +145,10 @@ def to_track(task: TaskName, payload: BaseModel | str, queue: str | None = None,
 def send_again(app: Celery, sent: SentTask) -> AsyncResult:
     """Send a task of the ledger again, under its own task id."""
     return send(app, TaskName(sent.task), sent.payload, sent.queue, sent.job_id, sent.task_id)
+
+
+def describe(exc: BaseException) -> str:
+    """What went wrong in a task, in a few words."""
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return f"exceeded its time limit ({type(exc).__name__})"
+    return str(exc) or type(exc).__name__

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from celery import Task
-from celery.exceptions import Reject, SoftTimeLimitExceeded
+from celery.exceptions import Reject
 from celery.utils.log import get_task_logger
 from redis import RedisError
 
@@ -46,7 +46,7 @@ from edgetrain.common.tables import merge, storable_problem
 
 from .app import app
 from .context import attempts_exceeded, bound_device, settings, store
-from .contract import TaskFailed, TaskName
+from .contract import TaskFailed, TaskName, describe
 from .leases import attempt_token
 from .reporting import finetune_reporter, profiling_reporter
 from .workflow import advance_device, fail_resource, notify_waiters
@@ -247,9 +247,3 @@ def _end(job_id: str, device_id: str, event: PartEvent, advance: bool = True) ->
         advance_device(job_id, device_id)
     return applied
 
-
-def describe(exc: BaseException) -> str:
-    """What went wrong, in a few words."""
-    if isinstance(exc, SoftTimeLimitExceeded):
-        return f"exceeded its time limit ({type(exc).__name__})"
-    return str(exc) or type(exc).__name__

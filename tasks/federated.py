@@ -29,6 +29,7 @@ from .context import store
 from .contract import TaskName, device_queue, send, send_again, send_tracked, to_track
 
 logger = get_task_logger(__name__)
+EMPTY_ROUNDS = 3  # rounds in a row without an update after which a job fails
 LOCK_TIMEOUT_S = 30  # an advance takes milliseconds; a killed worker's lock frees itself after this (s)
 
 
@@ -45,9 +46,13 @@ def federated_advance(job_id: str) -> str:
         assert state is not None
         if state.phase in FINAL or state.phase == "aggregating":
             return state.phase
-        if state.phase == "training":
-            return _maybe_close(record, state)
-        return _next_round(record, state)
+        try:
+            if state.phase == "training":
+                return _maybe_close(record, state)
+            return _next_round(record, state)
+        except Exception as exc:  # a bug, or a record this worker cannot plan: fail the job, saying why
+            logger.exception("advancing federated job %s failed", job_id)
+            return fail(job_id, f"planning failed: {type(exc).__name__}: {exc}")
 
 
 def _maybe_close(record: FederatedRecord, state: FederatedState) -> str:
@@ -70,12 +75,22 @@ def _maybe_close(record: FederatedRecord, state: FederatedState) -> str:
     return closed.phase
 
 
+def fail(job_id: str, reason: str) -> str:
+    """End the federated job as failed with `reason` (unless it has finished already)."""
+    return _finish(job_id, "failed", reason)
+
+
 def _finish(job_id: str, phase: str, reason: str) -> str:
     def decide(state: FederatedState, _: object) -> FederatedState:
+        if state.phase in FINAL:
+            raise Refused(f"federated job {job_id} has finished ({state.phase})")
         return state.model_copy(update={"phase": phase, "reason": reason, "assignments": [], "notice": None})
 
     kind = EventKind.completed if phase == "completed" else EventKind.failed
-    store().federated.change(job_id, decide, JobEvent(kind=kind, message=reason))
+    try:
+        store().federated.change(job_id, decide, JobEvent(kind=kind, message=reason))
+    except Refused:
+        pass
     return phase
 
 
@@ -85,6 +100,8 @@ def _next_round(record: FederatedRecord, state: FederatedState) -> str:
     accuracy = f"{state.accuracy:.4f}" if state.accuracy is not None else "none"
     if state.accuracy is not None and state.accuracy >= spec.target_accuracy:
         return _finish(job_id, "completed", f"global accuracy {accuracy} reached the target {spec.target_accuracy} in round {state.round}")
+    if len(state.rounds) >= EMPTY_ROUNDS and not any(r.devices for r in state.rounds[-EMPTY_ROUNDS:]):
+        return _finish(job_id, "failed", f"no device handed in an update in {EMPTY_ROUNDS} rounds in a row (the events say why)")
     if state.round >= spec.max_rounds:
         why = f"the target {spec.target_accuracy} was not reached in {spec.max_rounds} rounds (global accuracy {accuracy})"
         return _finish(job_id, "failed", why)

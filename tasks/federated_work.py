@@ -11,7 +11,9 @@ from celery.utils.log import get_task_logger
 from torch import nn
 
 from edgetrain.common.artifacts import get_state, initial_model, put_state
+from edgetrain.common.devices.base import Device
 from edgetrain.common.federated.data import device_data, num_classes, test_set
+from edgetrain.common.federated.plan import Assignment
 from edgetrain.common.federated.records import (
     AggregateRequest,
     DeviceRound,
@@ -21,7 +23,7 @@ from edgetrain.common.federated.records import (
     RoundRecord,
     TrainRequest,
 )
-from edgetrain.common.federated.rounds import State, fedavg, global_accuracy, local_train, round_seed
+from edgetrain.common.federated.rounds import LocalResult, State, fedavg, global_accuracy, local_train, round_seed
 from edgetrain.common.jobs import EventKind, JobEvent
 from edgetrain.common.models import get_model
 from edgetrain.common.security import artifact_path
@@ -30,7 +32,8 @@ from edgetrain.common.workload import measure_workload
 
 from .app import app
 from .context import bound_device, settings, store
-from .contract import TaskName, send
+from .contract import TaskFailed, TaskName, describe, send
+from .federated import fail
 
 logger = get_task_logger(__name__)
 
@@ -63,32 +66,44 @@ def federated_train(self: Task, request: TrainRequest) -> str:
                   f"f={request.frequency_hz} x{request.local_steps}")  # fmt: skip
         s.federated.event(job_id, EventKind.federated_update, reason, request.device_id)
         return Accepted.not_assigned.value
+    try:
+        update, result = _train(record, state, request, a, device)
+    except Exception as exc:  # its data, the model or the device: say why in the job's events; the round goes on without it
+        reason = f"round {request.round}: local training failed: {describe(exc)}"
+        s.federated.event(job_id, EventKind.federated_update, reason, request.device_id)
+        raise TaskFailed(reason) from exc
+    outcome = s.federated.submit(update)
+    sim = " (SIMULATED)" if result.simulated else ""
+    if outcome == Accepted.accepted:
+        message = f"round {request.round}: update in, {result.samples} samples, {result.device_time_s:.2f} s, {result.energy_j:.1f} J{sim}"
+    else:
+        _remove(update.weights)
+        message = f"round {request.round}: update discarded ({outcome.value})"
+    s.federated.event(job_id, EventKind.federated_update, message, request.device_id)
+    send(app, TaskName.federated_advance, job_id)
+    return outcome.value
+
+
+def _train(
+    record: FederatedRecord, state: FederatedState, request: TrainRequest, a: Assignment, device: Device
+) -> tuple[LocalUpdate, LocalResult]:
+    """Train the assignment's local steps from the global weights and store the update's weights."""
     spec = record.spec
     model, start = _global(record, state)
     data = device_data(spec, request.device_id)
-    entry = get_model(spec.model)
-    device.bind_workload(measure_workload(spec.model, model, entry.example_input(num_classes(spec))))
+    device.bind_workload(measure_workload(spec.model, model, get_model(spec.model).example_input(num_classes(spec))))
     try:
         seed = round_seed(spec.seed, request.round, request.device_id)
         result = local_train(model, start, data, a, spec.lr, spec.aggregation.mu, seed, device)
     finally:
         device.restore()
     assert result.device_time_s is not None and result.energy_j is not None
-    weights = put_state(result.state, f"fed-{job_id}-r{request.round}-{request.device_id}", settings().artifact_dir)
+    weights = put_state(result.state, f"fed-{record.job_id}-r{request.round}-{request.device_id}", settings().artifact_dir)
     trained = DeviceRound(assignment=a, device_time_s=result.device_time_s, energy_j=result.energy_j, samples=result.samples,
                           simulated=result.simulated)  # fmt: skip
-    update = LocalUpdate(job_id=job_id, device_id=request.device_id, round=request.round, weights=weights, held_samples=len(data),
-                         trained=trained)  # fmt: skip
-    outcome = s.federated.submit(update)
-    sim = " (SIMULATED)" if result.simulated else ""
-    if outcome == Accepted.accepted:
-        message = f"round {request.round}: update in, {result.samples} samples, {result.device_time_s:.2f} s, {result.energy_j:.1f} J{sim}"
-    else:
-        _remove(weights)
-        message = f"round {request.round}: update discarded ({outcome.value})"
-    s.federated.event(job_id, EventKind.federated_update, message, request.device_id)
-    send(app, TaskName.federated_advance, job_id)
-    return outcome.value
+    update = LocalUpdate(job_id=record.job_id, device_id=request.device_id, round=request.round, weights=weights,
+                         held_samples=len(data), trained=trained)  # fmt: skip
+    return update, result
 
 
 @app.task(name=TaskName.federated_aggregate.value, pydantic=True)
@@ -102,10 +117,15 @@ def federated_aggregate(request: AggregateRequest) -> float | None:
         return None
     updates = s.federated.updates(job_id, r)
     used = [updates[d] for d in state.closed_with if d in updates]
-    model, current = _global(record, state)
-    merged = fedavg([(get_state(u.weights, settings().artifact_dir), float(u.held_samples)) for u in used]) if used else current
-    weights = put_state(merged, f"fed-{job_id}-r{r}-global", settings().artifact_dir) if used else state.global_weights
-    accuracy = global_accuracy(model, merged, test_set(record.spec))
+    try:
+        model, current = _global(record, state)
+        merged = fedavg([(get_state(u.weights, settings().artifact_dir), float(u.held_samples)) for u in used]) if used else current
+        weights = put_state(merged, f"fed-{job_id}-r{r}-global", settings().artifact_dir) if used else state.global_weights
+        accuracy = global_accuracy(model, merged, test_set(record.spec))
+    except Exception as exc:  # the server cannot aggregate or evaluate (the test set, the weights): the job fails, saying why
+        reason = f"round {r}: aggregation failed: {describe(exc)}"
+        fail(job_id, reason)
+        raise TaskFailed(reason) from exc
     round_s = max((u.trained.device_time_s for u in used), default=0.0)
     done = RoundRecord(
         round=r, accuracy=accuracy, device_time_s=round_s, elapsed_s=(state.rounds[-1].elapsed_s if state.rounds else 0.0) + round_s,

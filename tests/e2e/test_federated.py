@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from edgetrain.common.datasets import DatasetMissingError, locate
 from edgetrain.common.federated.records import FederatedStatus
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
 from edgetrain.workers.cli import main
@@ -84,6 +85,21 @@ def test_a_malformed_federated_spec_is_refused_with_every_bad_field_and_nothing_
     err = capsys.readouterr().err
     assert "partition.alpha" in err and "max_rounds" in err
     assert cluster.store().federated.job_ids() == before
+
+
+def test_a_test_set_that_is_not_on_the_server_fails_the_job_with_the_reason(cluster) -> None:
+    try:
+        locate("svhn")
+        pytest.skip("SVHN is on this machine: the test needs a registered dataset that is not")
+    except DatasetMissingError:
+        pass
+    client = EdgeTrainClient(cluster.url)
+    job_id = client.submit_federated(spec(deadline_s=5.0) | {"test_dataset": {"name": "svhn"}})  # not fetched here
+    status = client.wait_federated(job_id, timeout_s=120)
+    assert status.state.phase == "failed" and "round 1: aggregation failed" in status.state.reason, status.state.reason
+    assert "svhn" in status.state.reason
+    failed = [e.message for e in status.events if "local training failed" in e.message]
+    assert {e.device_id for e in status.events if "local training failed" in e.message} == set(FLEET), failed
 
 
 def test_a_killed_device_misses_its_round_and_rejoins_a_later_one(cluster) -> None:
