@@ -35,7 +35,7 @@ from edgetrain.common.artifacts import initial_model
 from edgetrain.common.datasets.loading import load_dataset
 from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
 from edgetrain.common.devices.twin_spec import PowerDrift
-from edgetrain.common.estimation import aggregate, train_proxy
+from edgetrain.common.estimation import estimate_in_process
 from edgetrain.common.models import get_model
 from edgetrain.common.presets import quick_job
 from edgetrain.common.profiling import profile
@@ -106,8 +106,7 @@ def fine_tune(name: str, spec: JobSpec, table: ProfileTable, strategy: Strategy,
 
 def estimate_vector(spec: JobSpec) -> RelationVector:
     """The job's relation vector, estimated on its proxy as the server workers would."""
-    request = spec.estimation_request()
-    return aggregate(request, [train_proxy(request, b, s) for b in request.batch_sizes for s in request.seeds])
+    return estimate_in_process(spec.estimation_request())
 
 
 def plot_timeline(run: Run, path: Path) -> None:

@@ -91,6 +91,18 @@ def aggregate(request: EstimationRequest, outcomes: list[TrainingOutcome]) -> Re
     )
 
 
+def estimate_in_process(request: EstimationRequest, on_run: Callable[[TrainingOutcome], None] | None = None) -> RelationVector:
+    """Every proxy run of `request` (each batch size and seed) one after the other in this
+    process, as the server pool would run them, aggregated; `on_run` sees each outcome."""
+    outcomes = []
+    for b in request.batch_sizes:
+        for seed in request.seeds:
+            outcomes.append(train_proxy(request, b, seed))
+            if on_run:
+                on_run(outcomes[-1])
+    return aggregate(request, outcomes)
+
+
 def pretrain(
     model_name: str, dataset: DatasetRef, samples: int, batch_size: int, lr: LearningRatePolicy, seed: int, folder: Path
 ) -> tuple[str, float]:

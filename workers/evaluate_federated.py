@@ -33,6 +33,7 @@ def run_federated(spec: FederatedEvaluationSpec) -> FederatedEvaluation:
     from edgetrain.common.federated.evaluation import LABELS, evaluate_fleet
     from edgetrain.common.federated.records import RoundRecord
     from edgetrain.common.federated.simulate import FederatedRun
+    from edgetrain.common.schemas import TrainingOutcome
 
     from .evaluation_progress import EvaluationProgress
 
@@ -40,7 +41,8 @@ def run_federated(spec: FederatedEvaluationSpec) -> FederatedEvaluation:
     with EvaluationProgress() as progress:
         progress.log(f"federated evaluation in this process (no Redis, no workers): {len(spec.job.devices)} devices, methods "
                      f"{spec.methods}, seeds {spec.seeds}; profiling the twins {sorted(set(spec.twins.values()))}")  # fmt: skip
-        task = progress.add("federated: profiling the twins")
+        first = f"estimating the relation vector on {spec.proxy.dataset.name}" if spec.proxy else "profiling the twins"
+        task = progress.add(f"federated: {first}")
 
         def on_round(method: str, seed: int, r: RoundRecord) -> None:
             progress.update(task, f"federated: {LABELS[method]}, seed {seed}: round {r.round}, global accuracy {r.accuracy:.3f} "
@@ -54,7 +56,11 @@ def run_federated(spec: FederatedEvaluationSpec) -> FederatedEvaluation:
                 outcome = f"not reached in {len(run.rounds)} rounds (global accuracy {run.rounds[-1].accuracy:.3f})"
             progress.log(f"{LABELS[run.method]}, seed {run.seed}: {outcome}")
 
-        evaluation = evaluate_fleet(spec, on_round, on_run)
+        def on_proxy_run(o: TrainingOutcome) -> None:
+            found = f"N_b = {o.samples_to_accuracy} samples" if o.reached else f"not reached in {o.samples_processed} samples"
+            progress.log(f"proxy run b = {o.batch_size}, seed {o.seed}: {found}")
+
+        evaluation = evaluate_fleet(spec, on_round, on_run, on_proxy_run)
         progress.finish(task, f"federated: {len(evaluation.runs)} runs done")
     return evaluation
 

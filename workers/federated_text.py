@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from edgetrain.common.federated.evaluation import LABELS, FederatedEvaluation
 from edgetrain.common.federated.spec import FederatedSpec
+from edgetrain.common.schemas import RelationVector
 
 from .evaluation_text import cap_cell, markdown_table, mhz_cell, spread_cell, times_cell
 
@@ -48,14 +49,23 @@ def job_line(job: FederatedSpec) -> str:
     )
 
 
+def vector_line(vector: RelationVector) -> str:
+    """The `+vector` methods' r_b = N_b / N_bmax per batch size ('-': censored) and where it comes from."""
+    source = (f"proxy runs on {r.proxy_dataset.name} to {r.target_accuracy:g}, seeds {r.seeds}" if (r := vector.request)
+              else "given in the spec")  # fmt: skip
+    ratios = ", ".join(f"{b}: {'-' if r_b is None else f'{r_b:.3g}'}" for b, r_b in zip(vector.batch_sizes, vector.ratios))
+    return f"Relation vector of the +vector methods (r_b = N_b / N_bmax; {source}): {ratios}."
+
+
 def format_federated_evaluation(evaluation: FederatedEvaluation) -> str:
-    """The evaluation: title, the job, the summary table and the configurations."""
+    """The evaluation: title, the job (and the relation vector), the summary table and the configurations."""
     spec = evaluation.spec
     return "\n".join([
         f"## {evaluation.name or 'federated evaluation'}", "",
         "Device figures are SIMULATED (twins): device time and energy come from the twins' models; the global "
         "accuracy comes from real training (FedAvg of every device's local steps on its own real data).", "",
         f"Job: {job_line(spec.job)} Seeds {spec.seeds}; wall time {evaluation.wall_s:.0f} s.", "",
+        *([vector_line(evaluation.vector), ""] if evaluation.vector else []),
         "To the target global accuracy (mean ± std over the seeds that reached it; a round lasts as long as its slowest "
         "device, the fleet's energy is every device's):", "",
         *summary_table(evaluation), "",

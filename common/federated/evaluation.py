@@ -1,7 +1,8 @@
 """The federated evaluation: one fleet of twins trained to a target global accuracy with each
-method (Baseline 1, equation (4) with equal local steps, edgetrain's time-balanced steps) over
-several seeds, in one process (`simulate`), and its summary per method: rounds, device time
-and fleet energy to the target (mean ± std over seeds) and the speed-up over Baseline 1.
+method (Baseline 1, equation (4) with equal local steps, edgetrain's time-balanced steps; the
+last two also with a relation vector, `+vector`) over several seeds, in one process
+(`simulate`), and its summary per method: rounds, device time and fleet energy to the target
+(mean ± std over seeds) and the speed-up over Baseline 1.
 
 A seed sets the job's `seed` (each device's mini-batch order, who takes part, the twins'
 measurement noise); the partition, its seed and the starting weights are the job's own.
@@ -20,27 +21,37 @@ from pydantic import Field, field_validator, model_validator
 
 from ..devices.base import DeviceError
 from ..devices.simulated import load_twin
+from ..estimation import estimate_in_process
 from ..evaluation import MeanStd
 from ..limits import MAX_SEEDS
-from ..schemas import Seeds, Strict
+from ..schemas import RelationVector, Seeds, Strict, TrainingOutcome
 from .plan import Assignment
 from .records import RoundRecord
-from .simulate import FederatedRun, simulate, twin_table
-from .spec import METHODS, FederatedSpec
+from .simulate import VECTOR, FederatedRun, simulate, twin_table
+from .spec import FederatedSpec
+from .vector import ProxyRuns, read_vector
 
-LABELS = {"baseline1": "Baseline 1", "equation4": "eq. (4), equal steps", "edgetrain": "edgetrain (time-balanced)"}
+LABELS = {
+    "baseline1": "Baseline 1", "equation4": "eq. (4), equal steps", "edgetrain": "edgetrain (time-balanced)",
+    f"equation4{VECTOR}": "eq. (4) + vector, equal steps", f"edgetrain{VECTOR}": "edgetrain + vector (time-balanced)",
+}  # fmt: skip
 
 
 class FederatedEvaluationSpec(Strict):
     """A fleet of twins and a federated job to evaluate each method on: `job` is a federated
     job spec (its `seed` and `local.method` are set per run), `twins` the twin (built-in name
-    or twin spec file) that simulates each of its devices."""
+    or twin spec file) that simulates each of its devices. The `+vector` methods choose every
+    device's (b, f) with one relation vector: estimated in this process (`proxy`) or given
+    (`vector`); the others with r_b = 1."""
 
     name: str | None = Field(None, description="a title for reports and figures")
     job: FederatedSpec
     twins: dict[str, str] = Field(min_length=1, description="device id -> twin name or twin spec file")
     seeds: Seeds = Field(default_factory=lambda: [0, 1, 2], min_length=1, max_length=MAX_SEEDS)
-    methods: list[str] = Field(default_factory=lambda: list(LABELS), min_length=1, description="in the order of the reports")
+    methods: list[str] = Field(default_factory=lambda: [m for m in LABELS if not m.endswith(VECTOR)], min_length=1,
+                               description="in the order of the reports")  # fmt: skip
+    proxy: ProxyRuns | None = Field(None, description="the `+vector` methods' relation vector, estimated in this process")
+    vector: RelationVector | None = Field(None, description="the `+vector` methods' relation vector, or its JSON file's path")
 
     @field_validator("twins")
     @classmethod
@@ -55,11 +66,16 @@ class FederatedEvaluationSpec(Strict):
     @field_validator("methods")
     @classmethod
     def _known_methods(cls, value: list[str]) -> list[str]:
-        if unknown := [m for m in value if m not in METHODS]:
+        if unknown := [m for m in value if m not in LABELS]:
             raise ValueError(f"unknown methods {unknown}; use any of {list(LABELS)}")
         if len(set(value)) != len(value):
             raise ValueError(f"each method may appear once, got {value}")
         return value
+
+    @field_validator("vector", mode="before")
+    @classmethod
+    def _vector_file(cls, value: object) -> object:
+        return read_vector(value)
 
     @model_validator(mode="after")
     def _every_device_a_twin(self) -> FederatedEvaluationSpec:
@@ -70,9 +86,24 @@ class FederatedEvaluationSpec(Strict):
             raise ValueError(f"twins: {unknown} are not devices of job.devices")
         return self
 
+    @model_validator(mode="after")
+    def _one_vector_for_its_methods(self) -> FederatedEvaluationSpec:
+        using = [m for m in self.methods if m.endswith(VECTOR)]
+        given = [name for name in ("proxy", "vector") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError("vector: give either proxy (estimated in this process) or vector, not both")
+        if using and not given:
+            raise ValueError(f"methods: {using} need a relation vector: give proxy (estimated in this process) or vector")
+        if given and not using:
+            raise ValueError(f"{given[0]}: no method uses it; add equation4{VECTOR} or edgetrain{VECTOR} to methods")
+        if self.vector and (missing := [b for b in self.job.batch_sizes if b not in self.vector.batch_sizes]):
+            raise ValueError(f"vector: no r_b for the job's batch sizes {missing}")
+        return self
+
     def run_spec(self, method: str, seed: int) -> FederatedSpec:
-        """The job of one run: `method` choosing every device's work, `seed` its seed."""
-        return self.job.model_copy(update={"seed": seed, "local": self.job.local.model_copy(update={"method": method})})
+        """The job of one run: `method` (without `+vector`) choosing every device's work, `seed` its seed."""
+        local = self.job.local.model_copy(update={"method": method.removesuffix(VECTOR)})
+        return self.job.model_copy(update={"seed": seed, "local": local})
 
 
 class MethodSummary(Strict):
@@ -92,11 +123,13 @@ class MethodSummary(Strict):
 
 
 class FederatedEvaluation(Strict):
-    """A federated evaluation's result (the `--json` document): the spec, the summary per
-    method, every run round by round, and the wall time (s). Device figures are SIMULATED."""
+    """A federated evaluation's result (the `--json` document): the spec, the `+vector`
+    methods' relation vector, the summary per method, every run round by round, and the wall
+    time (s). Device figures are SIMULATED."""
 
     name: str | None
     spec: FederatedEvaluationSpec
+    vector: RelationVector | None = None
     summary: list[MethodSummary]
     runs: list[FederatedRun]
     wall_s: float
@@ -163,17 +196,21 @@ def evaluate_fleet(
     spec: FederatedEvaluationSpec,
     on_round: Callable[[str, int, RoundRecord], None] | None = None,
     on_run: Callable[[FederatedRun], None] | None = None,
+    on_proxy_run: Callable[[TrainingOutcome], None] | None = None,
 ) -> FederatedEvaluation:  # fmt: skip
-    """Profile each twin once, run the job with every method and seed, and summarize;
-    `on_round(method, seed, record)` and `on_run(run)` report progress."""
+    """Estimate the relation vector (with `proxy`), profile each twin once, run the job with
+    every method and seed, and summarize; `on_round(method, seed, record)`, `on_run(run)` and
+    `on_proxy_run(outcome)` report progress."""
     started = time.perf_counter()
+    vector = estimate_in_process(spec.proxy.request(spec.job), on_proxy_run) if spec.proxy else spec.vector
     tables = {twin: twin_table(twin, spec.job) for twin in dict.fromkeys(spec.twins.values())}
     runs = []
     for method in spec.methods:
         for seed in spec.seeds:
             report = partial(on_round, method, seed) if on_round else None
-            runs.append(simulate(spec.run_spec(method, seed), spec.twins, tables, on_round=report))
+            mine = vector if method.endswith(VECTOR) else None
+            runs.append(simulate(spec.run_spec(method, seed), spec.twins, tables, mine, on_round=report))
             if on_run:
                 on_run(runs[-1])
-    return FederatedEvaluation(name=spec.name, spec=spec, summary=summarize(runs, spec.methods), runs=runs,
+    return FederatedEvaluation(name=spec.name, spec=spec, vector=vector, summary=summarize(runs, spec.methods), runs=runs,
                                wall_s=time.perf_counter() - started)  # fmt: skip

@@ -21,12 +21,14 @@ from .records import DeviceRound, RoundRecord
 from .rounds import fedavg, global_accuracy, local_train, round_seed
 from .spec import FederatedDevice, FederatedSpec
 
+VECTOR = "+vector"  # a run's method with this suffix chose every (b, f) with a relation vector
+
 
 class FederatedRun(Strict):
     """A federated job run to the target (or `max_rounds`) with one method and seed; figures
     from twins are SIMULATED."""
 
-    method: str
+    method: str = Field(description="the job's local.method; with `+vector` when a relation vector chose (b, f)")
     seed: int
     initial_accuracy: float
     rounds: list[RoundRecord]
@@ -92,6 +94,6 @@ def simulate(
             on_round(record)
     reached = accuracy >= spec.target_accuracy
     return FederatedRun(
-        method=spec.local.method, seed=spec.seed, initial_accuracy=first, rounds=rounds, reached=reached,
+        method=spec.local.method + (VECTOR if vector else ""), seed=spec.seed, initial_accuracy=first, rounds=rounds, reached=reached,
         time_to_target_s=elapsed if reached else None, energy_to_target_j=energy if reached else None,
     )  # fmt: skip

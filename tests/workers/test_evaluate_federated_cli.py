@@ -6,7 +6,10 @@ import json
 
 import pytest
 
-from edgetrain.common.federated.evaluation import LABELS, FederatedEvaluation
+from edgetrain.common.federated.evaluation import LABELS, FederatedEvaluation, FederatedEvaluationSpec
+from edgetrain.common.federated.simulate import twin_table
+from edgetrain.common.schemas import RelationVector
+from edgetrain.common.selection import Equation4
 from edgetrain.workers.cli import main as edgetrain_main
 
 TINY = {
@@ -20,6 +23,7 @@ TINY = {
         "batch_sizes": [8, 16, 32], "local": {"local_steps": 5}, "max_rounds": 10,
     },
 }  # fmt: skip
+VECTOR = {"batch_sizes": [8, 16, 32], "ratios": [0.05, 0.5, 1.0]}  # b = 8 needs 20 times fewer samples than b = 32
 
 
 @pytest.fixture
@@ -90,8 +94,16 @@ def test_json_puts_the_document_on_stdout(tmp, no_redis, capsys) -> None:
         (TINY | {"methods": ["baseline1", "fastest"]}, "methods: unknown methods ['fastest']"),
         (TINY | {"job": TINY["job"] | {"target_accuracy": 1.5}}, "job.target_accuracy: Input should be less than 1"),
         (TINY | {"job": {k: v for k, v in TINY["job"].items() if k != "dataset"}}, "job: dataset: required when a device names no dataset"),
+        (TINY | {"methods": ["edgetrain", "edgetrain+vector"]}, "methods: ['edgetrain+vector'] need a relation vector: give proxy"),
+        (TINY | {"proxy": {"dataset": {"name": "digits"}}}, "proxy: no method uses it; add equation4+vector or edgetrain+vector"),
+        (TINY | {"methods": ["equation4+vector"], "proxy": {"dataset": {"name": "digits"}}, "vector": VECTOR},
+         "vector: give either proxy (estimated in this process) or vector, not both"),
+        (TINY | {"methods": ["equation4+vector"], "vector": "no-such-vector.json"}, "vector: cannot read relation vector no-such-vector.json"),
+        (TINY | {"methods": ["equation4+vector"], "vector": VECTOR | {"batch_sizes": [8, 16, 64]}},
+         "vector: no r_b for the job's batch sizes [32]"),
+        (TINY | {"methods": ["equation4+vector"], "proxy": {"dataset": {"name": "digits"}, "seeds": []}}, "proxy.seeds: List should have at least 1 item"),
     ],
-)
+)  # fmt: skip
 def test_a_bad_federated_spec_exits_2_naming_the_field(tmp, no_redis, capsys, spec, words) -> None:
     assert evaluate(tmp, spec) == 2
     captured = capsys.readouterr()
@@ -110,3 +122,45 @@ def test_a_cap_no_configuration_meets_exits_3_naming_the_device(tmp, no_redis, c
     assert evaluate(tmp, TINY | {"seeds": [0], "job": TINY["job"] | {"devices": devices}}) == 3
     assert "device nano-1: power cap 0.50 W is below what any configuration needs" in capsys.readouterr().err
     assert not (tmp / "out").exists()
+
+
+def _plans(evaluation: FederatedEvaluation) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per method, each device's (b, f) in its first round."""
+    return {s.method: {a.device_id: (a.batch_size, a.frequency_hz) for a in s.plan} for s in evaluation.summary}
+
+
+def test_a_proxy_vector_is_estimated_in_this_process_and_chooses_each_devices_configuration(tmp, no_redis, capsys) -> None:
+    spec = TINY | {"seeds": [0], "methods": ["equation4+vector"], "proxy": {"dataset": {"name": "digits"}},
+                   "job": TINY["job"] | {"max_rounds": 1}}  # fmt: skip
+    assert evaluate(tmp, spec) == 0
+    captured = capsys.readouterr()
+    evaluation = FederatedEvaluation.model_validate_json((tmp / "out" / "federated.json").read_text())
+    vector = evaluation.vector
+    assert vector is not None and vector.request is not None
+    assert (vector.request.proxy_dataset.name, vector.request.target_accuracy, vector.request.seeds) == ("digits", 0.5, [0])
+    assert (vector.request.model, vector.request.weights, vector.request.lr) == ("smallcnn", "init:0", evaluation.spec.job.lr)
+    assert vector.batch_sizes == [8, 16, 32] and vector.ratios[-1] == 1.0 and all(r is not None and r > 0 for r in vector.ratios)
+    for b in (8, 16, 32):
+        assert f"proxy run b = {b}, seed 0: N_b = " in captured.err
+    ratios = ", ".join(f"{b}: {r:.3g}" for b, r in zip(vector.batch_sizes, vector.ratios))
+    assert f"Relation vector of the +vector methods (r_b = N_b / N_bmax; proxy runs on digits to 0.5, seeds [0]): {ratios}." in captured.out
+    assert [r.method for r in evaluation.runs] == ["equation4+vector"]
+    assert "| eq. (4) + vector, equal steps | " in captured.out
+    caps = {d.device_id: d.power_cap_w for d in evaluation.spec.job.devices}
+    tables = {twin: twin_table(twin, evaluation.spec.job) for twin in set(TINY["twins"].values())}
+    expected = {d: Equation4(vector).choose(tables[twin], caps[d]) for d, twin in TINY["twins"].items()}
+    assert _plans(evaluation)["equation4+vector"] == {d: (c.batch_size, c.frequency_hz) for d, c in expected.items()}
+
+
+def test_a_vector_file_changes_the_choice_of_the_vector_methods_only(tmp, no_redis, capsys) -> None:
+    (tmp / "vector.json").write_text(json.dumps(VECTOR))
+    spec = TINY | {"seeds": [0], "methods": ["edgetrain", "edgetrain+vector"], "vector": str(tmp / "vector.json"),
+                   "job": TINY["job"] | {"max_rounds": 1}}  # fmt: skip
+    assert evaluate(tmp, spec) == 0
+    assert "Relation vector of the +vector methods (r_b = N_b / N_bmax; given in the spec): 8: 0.05, 16: 0.5, 32: 1." in capsys.readouterr().out
+    evaluation = FederatedEvaluation.model_validate_json((tmp / "out" / "federated.json").read_text())
+    assert evaluation.vector == evaluation.spec.vector == RelationVector.model_validate(VECTOR)
+    plans = _plans(evaluation)
+    assert {b for b, _ in plans["edgetrain"].values()} == {32}  # r_b = 1: the most samples per second
+    assert {b for b, _ in plans["edgetrain+vector"].values()} == {8}
+    assert FederatedEvaluationSpec.model_validate(spec).run_spec("edgetrain+vector", 4).local.method == "edgetrain"
