@@ -44,7 +44,8 @@
     <p>:federated                          zset of federated job ids by submit time
     <p>:federated:active                   set of federated jobs not yet finished
     <p>:fed:<id>                           FederatedRecord JSON
-    <p>:fed:<id>:state                     FederatedState JSON: round, phase, global model, rounds so far
+    <p>:fed:<id>:state                     FederatedState JSON: round, phase, global model
+    <p>:fed:<id>:rounds                    list of RoundRecord JSON: every round aggregated, in order
     <p>:fed:<id>:round:<r>                 hash device -> LocalUpdate JSON: the updates of round r
     <p>:fed:<id>:events                    list of JobEvent JSON (the newest MAX_EVENTS_KEPT)
     <p>:lock:job:<id>:<page>               the lock held while a page of a job advances
@@ -253,6 +254,9 @@ class Keys:
 
     def federated_state(self, job_id: str) -> str:
         return f"{self.federated(job_id)}:state"
+
+    def federated_rounds(self, job_id: str) -> str:
+        return f"{self.federated(job_id)}:rounds"
 
     def federated_round(self, job_id: str, round_number: int) -> str:
         return f"{self.federated(job_id)}:round:{int(round_number)}"

@@ -200,25 +200,26 @@ class EdgeTrainClient:
             raise RedisFull(full_message(self.store.redis_facts())) from None
         return job_id
 
-    def federated_status(self, job_id: str, events: int = 20) -> FederatedStatus | None:
-        """A federated job's record, state and newest `events` events; None when no federated
-        job has this id."""
+    def federated_status(self, job_id: str, events: int = 20, rounds_from: int | None = 0) -> FederatedStatus | None:
+        """A federated job's record, state, rounds (from the `rounds_from`-th; None: none) and
+        newest `events` events; None when no federated job has this id."""
         f = self.store.federated
         record, state = f.record(checked_id(job_id, "job_id")), f.state(job_id)
         if record is None or state is None:
             return None
-        return FederatedStatus(record=record, state=state, events=f.events(job_id)[-events:] if events else [])
+        rounds = f.rounds(job_id, rounds_from) if rounds_from is not None else []
+        return FederatedStatus(record=record, state=state, rounds=rounds, events=f.events(job_id)[-events:] if events else [])
 
     def federated_jobs(self, limit: int = 100) -> list[FederatedStatus]:
-        """The newest federated jobs first, without their events."""
-        return [s for job_id in self.store.federated.job_ids(limit) if (s := self.federated_status(job_id, events=0))]
+        """The newest federated jobs first, without their rounds and events."""
+        return [s for job_id in self.store.federated.job_ids(limit) if (s := self.federated_status(job_id, events=0, rounds_from=None))]
 
     def wait_federated(self, job_id: str, timeout_s: float | None = None, poll_s: float = 0.5,
                        on_update: Callable[[FederatedStatus], None] | None = None) -> FederatedStatus:  # fmt: skip
         """Poll until the federated job finishes (TimeoutError after `timeout_s`)."""
 
         def finished() -> FederatedStatus | None:
-            status = self.federated_status(job_id)
+            status = self.federated_status(job_id)  # every round: on_update shows them
             if status is None:
                 raise JobNotFoundError(f"no federated job {job_id}")
             if on_update:

@@ -100,7 +100,7 @@ def _next_round(record: FederatedRecord, state: FederatedState) -> str:
     accuracy = f"{state.accuracy:.4f}" if state.accuracy is not None else "none"
     if state.accuracy is not None and state.accuracy >= spec.target_accuracy:
         return _finish(job_id, "completed", f"global accuracy {accuracy} reached the target {spec.target_accuracy} in round {state.round}")
-    if len(state.rounds) >= EMPTY_ROUNDS and not any(r.devices for r in state.rounds[-EMPTY_ROUNDS:]):
+    if state.empty_rounds >= EMPTY_ROUNDS:
         return _finish(job_id, "failed", f"no device handed in an update in {EMPTY_ROUNDS} rounds in a row (the events say why)")
     if state.round >= spec.max_rounds:
         why = f"the target {spec.target_accuracy} was not reached in {spec.max_rounds} rounds (global accuracy {accuracy})"

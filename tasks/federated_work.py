@@ -128,20 +128,13 @@ def federated_aggregate(request: AggregateRequest) -> float | None:
         raise TaskFailed(reason) from exc
     round_s = max((u.trained.device_time_s for u in used), default=0.0)
     done = RoundRecord(
-        round=r, accuracy=accuracy, device_time_s=round_s, elapsed_s=(state.rounds[-1].elapsed_s if state.rounds else 0.0) + round_s,
+        round=r, accuracy=accuracy, device_time_s=round_s, elapsed_s=state.elapsed_s + round_s,
         energy_j=sum(u.trained.energy_j for u in used), devices=[u.trained for u in used],
         missing=sorted({a.device_id for a in state.assignments} - {u.device_id for u in used}),
     )  # fmt: skip
-
-    def decide(now: FederatedState, _: object) -> FederatedState:
-        if now.phase != "aggregating" or now.round != r:
-            raise Refused(f"round {r} is already aggregated")
-        return now.model_copy(update={"phase": "aggregated", "global_weights": weights, "accuracy": accuracy,
-                                      "rounds": [*now.rounds, done], "assignments": [], "closed_with": []})  # fmt: skip
-
     event = JobEvent(kind=EventKind.federated_round, message=f"round {r} aggregated {len(used)} updates: global accuracy {accuracy:.4f}")
     try:
-        s.federated.change(job_id, decide, event)
+        s.federated.aggregated(job_id, done, weights, event)
     except Refused:
         return None
     for u in updates.values():

@@ -157,9 +157,9 @@ def _submit_federated(args: argparse.Namespace, raw: dict[str, Any]) -> int:
     rounds_seen = [0]
 
     def show(status: FederatedStatus) -> None:
-        for r in status.state.rounds[rounds_seen[0]:]:
+        for r in status.rounds[rounds_seen[0]:]:
             note(f"round {r.round}: global accuracy {r.accuracy:.4f}, {len(r.devices)} updates, {r.elapsed_s:.2f} device s so far")
-        rounds_seen[0] = len(status.state.rounds)
+        rounds_seen[0] = len(status.rounds)
 
     try:
         status = client.wait_federated(job_id, args.timeout, on_update=show)

@@ -30,14 +30,14 @@ def format_federated(status: FederatedStatus) -> str:
         lines.append(f"  {state.reason}")
     if state.notice:
         lines.append(f"  waiting: {state.notice}")
-    simulated = any(d.simulated for r in state.rounds for d in r.devices)
-    if state.rounds:
+    simulated = any(d.simulated for r in status.rounds for d in r.devices)
+    if status.rounds:
         lines.append(f"  {'round':>5}  {'accuracy':>8}  {'device s':>9}  {'elapsed s':>9}  {'energy J':>9}  updates  missing")
-        for r in state.rounds:
+        for r in status.rounds:
             lines.append(f"  {r.round:>5}  {r.accuracy:>8.4f}  {r.device_time_s:>9.3f}  {r.elapsed_s:>9.3f}  {r.energy_j:>9.2f}  "
                          f"{len(r.devices):>7}  {', '.join(r.missing) or '-'}")  # fmt: skip
-    if state.rounds and state.rounds[-1].devices:
-        last = state.rounds[-1]
+    if status.rounds and status.rounds[-1].devices:
+        last = status.rounds[-1]
         each = "; ".join(f"{d.assignment.device_id} b={d.assignment.batch_size} x{d.assignment.local_steps} {d.device_time_s:.3f} s "
                          f"{d.energy_j:.2f} J" for d in last.devices)  # fmt: skip
         lines.append(f"  round {last.round} by device: {each}")

@@ -65,8 +65,10 @@ class FederatedRecord(Strict):
 
 class FederatedState(Strict):
     """Where a federated job is: the round and its phase, the global model (an artifact
-    reference; the spec's weights before round 1), what the open round assigned and until when
-    it waits, the devices whose updates a closed round aggregates, and every round so far."""
+    reference; the spec's weights before round 1) and its accuracy, the device time so far,
+    what the open round assigned and until when it waits, and the devices whose updates a
+    closed round aggregates. The rounds done are a list of their own (`FederatedStore.rounds`),
+    so the state stays the same size however long the job runs."""
 
     phase: Phase = "starting"
     round: int = 0
@@ -75,7 +77,8 @@ class FederatedState(Strict):
     assignments: list[Assignment] = Field(default_factory=list)
     deadline_at: datetime | None = None
     closed_with: list[str] = Field(default_factory=list)
-    rounds: list[RoundRecord] = Field(default_factory=list)
+    elapsed_s: float = Field(0.0, description="device time of the rounds done (s): the sum of each round's slowest update")
+    empty_rounds: int = Field(0, description="rounds in a row that closed without an update")
     reason: str | None = None
     notice: str | None = Field(None, description="what the job waits for, when it waits")
     updated_at: datetime = Field(default_factory=utc_now)
@@ -104,11 +107,13 @@ class AggregateRequest(Strict):
 
 
 class FederatedStatus(Strict):
-    """A federated job as `status` shows it: what was submitted, where it is, its newest events."""
+    """A federated job as `status` shows it: what was submitted, where it is, its rounds and its
+    newest events."""
 
     record: FederatedRecord
     state: FederatedState
-    events: list[JobEvent]
+    rounds: list[RoundRecord] = Field(default_factory=list)
+    events: list[JobEvent] = Field(default_factory=list)
 
     @property
     def finished(self) -> bool:

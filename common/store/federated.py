@@ -13,7 +13,7 @@ from enum import Enum
 import redis
 from redis.client import Pipeline
 
-from ..federated.records import FINAL, FederatedRecord, FederatedState, LocalUpdate
+from ..federated.records import FINAL, FederatedRecord, FederatedState, LocalUpdate, RoundRecord
 from ..jobs import EventKind, JobEvent
 from ..keys import Keys
 from ..limits import MAX_EVENTS_KEPT
@@ -38,10 +38,11 @@ Decide = Callable[[FederatedState, Pipeline], FederatedState]
 
 
 class FederatedStore:
-    """Federated job records, their state and their rounds' updates."""
+    """Federated job records, their state, rounds and rounds' updates; a finished job expires
+    `retention_s` seconds after it finished (None: kept)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys):
-        self._redis, self._keys = client, keys
+    def __init__(self, client: redis.Redis, keys: Keys, retention_s: float | None = None):
+        self._redis, self._keys, self.retention_s = client, keys, retention_s
 
     def create(self, record: FederatedRecord) -> None:
         """Store a new federated job and its starting state (before round 1)."""
@@ -79,8 +80,12 @@ class FederatedStore:
         return due
 
     def job_ids(self, limit: int = 100) -> list[str]:
-        """The newest federated jobs first."""
+        """The newest federated jobs first (some may have expired since)."""
         return texts(self._redis.zrevrange(self._keys.federated_jobs(), 0, limit - 1))
+
+    def rounds(self, job_id: str, first: int = 0) -> list[RoundRecord]:
+        """The rounds aggregated so far, in order, from the `first` (0: round 1)."""
+        return [RoundRecord.model_validate_json(r) for r in self._redis.lrange(self._keys.federated_rounds(job_id), first, -1)]
 
     def updates(self, job_id: str, round_number: int) -> dict[str, LocalUpdate]:
         """The updates of a round that were accepted, by device."""
@@ -100,10 +105,12 @@ class FederatedStore:
         p.rpush(key, event.model_dump_json())
         p.ltrim(key, -MAX_EVENTS_KEPT, -1)
 
-    def change(self, job_id: str, decide: Decide, event: JobEvent | None = None, watching: tuple[str, ...] = ()) -> FederatedState:
+    def change(self, job_id: str, decide: Decide, event: JobEvent | None = None, watching: tuple[str, ...] = (),
+               write_state: bool = True) -> FederatedState:  # fmt: skip
         """Apply `decide` (the state now -> the new state, or Refused; it may read the keys of
         `watching` and queue more writes on the pipeline, which run in the same transaction) and
-        log `event`; returns the new state."""
+        log `event`; returns the new state. `write_state` False: `decide` only queues writes
+        of other keys (the state is left as it is)."""
         k = self._keys
         with self._redis.pipeline() as p:
             while True:
@@ -114,10 +121,15 @@ class FederatedStore:
                         raise Refused(f"no federated job {job_id}")
                     state = FederatedState.model_validate_json(raw)
                     p.multi()
-                    new = decide(state, p).model_copy(update={"updated_at": utc_now()})
-                    p.set(k.federated_state(job_id), new.model_dump_json())
+                    new = decide(state, p)
+                    if write_state:
+                        new = new.model_copy(update={"updated_at": utc_now()})
+                        p.set(k.federated_state(job_id), new.model_dump_json())
                     if new.phase in FINAL:
                         p.srem(k.federated_active(), job_id)
+                        for key in (k.federated(job_id), k.federated_state(job_id), k.federated_rounds(job_id), k.federated_events(job_id)):
+                            if self.retention_s is not None:
+                                p.expire(key, int(self.retention_s))
                     if event is not None:
                         self._push_event(p, job_id, event)
                     p.execute()
@@ -144,7 +156,7 @@ class FederatedStore:
                 p.hset(key, update.device_id, update.model_dump_json())
             return state
 
-        self.change(update.job_id, decide, watching=(key,))
+        self.change(update.job_id, decide, watching=(key,), write_state=False)
         return outcome
 
     def close_round(self, job_id: str, round_number: int, also: Callable[[Pipeline], None] = lambda _: None) -> FederatedState:
@@ -160,6 +172,24 @@ class FederatedStore:
             return state.model_copy(update={"phase": "aggregating", "closed_with": arrived, "deadline_at": None})
 
         return self.change(job_id, decide, watching=(key,))
+
+    def aggregated(self, job_id: str, done: RoundRecord, weights: str, event: JobEvent) -> FederatedState:
+        """Record the aggregation of the closed round `done.round`: the new global weights
+        (`weights`), their accuracy and the round (Refused when that round is not the one
+        being aggregated: it was aggregated already)."""
+        key = self._keys.federated_rounds(job_id)
+
+        def decide(now: FederatedState, p: Pipeline) -> FederatedState:
+            if now.phase != "aggregating" or now.round != done.round:
+                raise Refused(f"round {done.round} is not being aggregated (round {now.round}, {now.phase})")
+            p.rpush(key, done.model_dump_json())
+            empty = 0 if done.devices else now.empty_rounds + 1
+            return now.model_copy(update={
+                "phase": "aggregated", "global_weights": weights, "accuracy": done.accuracy, "elapsed_s": done.elapsed_s,
+                "empty_rounds": empty, "assignments": [], "closed_with": [],
+            })  # fmt: skip
+
+        return self.change(job_id, decide, event)
 
     def drop_round(self, job_id: str, round_number: int) -> None:
         """Forget a round's updates once it is aggregated."""

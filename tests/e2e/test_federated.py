@@ -41,7 +41,7 @@ def cluster(tmp_path_factory):
 def rounds_are_whole(status: FederatedStatus) -> None:
     """Every round aggregated once, in order, each device at most once, and never a device whose
     update was missing."""
-    rounds = status.state.rounds
+    rounds = status.rounds
     assert [r.round for r in rounds] == list(range(1, len(rounds) + 1))
     for r in rounds:
         ids = [d.assignment.device_id for d in r.devices]
@@ -64,17 +64,17 @@ def test_a_federated_job_trains_one_model_in_rounds_to_its_target(cluster, tmp_p
     assert main(["jobs", "--redis-url", cluster.url]) == ExitCode.ok
     assert re.search(rf"^{job_id}  completed .* 3 device\(s\) .* federated, round \d+, global accuracy 0\.[89]", capsys.readouterr().out, re.M)
     status = client.federated_status(job_id)
-    state = status.state
+    state, rounds = status.state, status.rounds
     assert state.phase == "completed", (state.reason, [e.line() for e in status.events])
-    assert state.accuracy >= 0.8 and state.rounds[-1].accuracy == state.accuracy
+    assert state.accuracy >= 0.8 and rounds[-1].accuracy == state.accuracy
     rounds_are_whole(status)
-    first = {d.assignment.device_id: d.assignment for d in state.rounds[0].devices}
-    assert set(first) == set(FLEET) and all(d.simulated for r in state.rounds for d in r.devices)
+    first = {d.assignment.device_id: d.assignment for d in rounds[0].devices}
+    assert set(first) == set(FLEET) and all(d.simulated for r in rounds for d in r.devices)
     # time-balanced: the capped Nano trains fewer steps than the Orin, for about the same device time
     assert first["nano-f"].local_steps < first["orin-f"].local_steps
-    times = [d.device_time_s for d in state.rounds[0].devices]
+    times = [d.device_time_s for d in rounds[0].devices]
     assert max(times) < 2.5 * min(times), times
-    assert state.rounds[-1].elapsed_s == pytest.approx(sum(r.device_time_s for r in state.rounds))
+    assert rounds[-1].elapsed_s == pytest.approx(sum(r.device_time_s for r in rounds)) == pytest.approx(state.elapsed_s)
 
 
 def test_a_malformed_federated_spec_is_refused_with_every_bad_field_and_nothing_stored(cluster, tmp_path, capsys) -> None:
@@ -112,11 +112,11 @@ def test_a_killed_device_misses_its_round_and_rejoins_a_later_one(cluster) -> No
     cluster.restart("device-nano-f")
     status = client.wait_federated(job_id, timeout_s=400)
     rounds_are_whole(status)
-    missed = [r.round for r in status.state.rounds if "nano-f" in r.missing]
+    missed = [r.round for r in status.rounds if "nano-f" in r.missing]
     assert missed, "the killed device's round closed without it"
-    after = [r.round for r in status.state.rounds if r.round > max(missed) and "nano-f" in {d.assignment.device_id for d in r.devices}]
+    after = [r.round for r in status.rounds if r.round > max(missed) and "nano-f" in {d.assignment.device_id for d in r.devices}]
     assert after, f"the device rejoined after round {max(missed)}: {[e.line() for e in status.events]}"
-    for r in status.state.rounds:  # no round waited much past its deadline for the dead device
+    for r in status.rounds:  # no round waited much past its deadline for the dead device
         assert r.devices, r
 
 
@@ -134,7 +134,7 @@ def test_a_frozen_device_does_not_stall_a_round_past_its_deadline_and_its_late_u
     frozen.signal(signal.SIGCONT)
     status = client.wait_federated(job_id, timeout_s=400)
     rounds_are_whole(status)
-    round_of = next(r for r in status.state.rounds if r.round == frozen_in)
+    round_of = next(r for r in status.rounds if r.round == frozen_in)
     if "tx2-f" in round_of.missing:  # frozen before it handed its update in: when it woke, its update was refused
         lines = [e.message for e in status.events if e.device_id == "tx2-f"]
         late = [m for m in lines if f"round {frozen_in}:" in m]
@@ -162,10 +162,10 @@ def test_a_cap_set_on_a_device_or_scheduled_rebalances_the_rounds_from_the_next_
     poll_until(lambda: (s := store.federated.state(job_id)) and s.round >= 2 or None, 180, 0.1, "round 2")
     client.set_power_cap("nano-f", 3.0)  # below the 5 W of the spec: the Nano's clock comes down
     set_in = store.federated.state(job_id).round
-    poll_until(lambda: (s := store.federated.state(job_id)) and len(s.rounds) >= set_in + 1 or None, 180, 0.2, "the next round")
+    poll_until(lambda: len(store.federated.rounds(job_id)) >= set_in + 1 or None, 180, 0.2, "the next round")
     client.cancel_federated(job_id)
     client.set_power_cap("nano-f", None)
-    rounds = store.federated.state(job_id).rounds
+    rounds = store.federated.rounds(job_id)
 
     def nano(r) -> object:
         return next(d.assignment for d in r.devices if d.assignment.device_id == "nano-f")

@@ -88,3 +88,34 @@ def test_a_malformed_federated_spec_is_refused_naming_every_bad_field() -> None:
         validate_federated(SPEC | {"devices": [{"device_id": "a"}, {"device_id": "a"}]})
     with pytest.raises(JobSpecError, match="dataset: required when a device names no dataset"):
         validate_federated({k: v for k, v in SPEC.items() if k != "dataset"})
+
+
+def test_a_round_is_aggregated_once_into_the_rounds_list_and_the_state_stays_small(job) -> None:
+    from edgetrain.common.federated.records import RoundRecord
+    from edgetrain.common.jobs import EventKind, JobEvent
+
+    store = job
+    open_round(store, 1, ["a", "b"])
+    store.federated.submit(update("a", 1))
+    store.federated.close_round(JOB, 1)
+    done = RoundRecord(round=1, accuracy=0.5, device_time_s=0.1, elapsed_s=0.1, energy_j=1.0, devices=[update("a", 1).trained],
+                       missing=["b"])  # fmt: skip
+    event = JobEvent(kind=EventKind.federated_round, message="round 1 aggregated")
+    state = store.federated.aggregated(JOB, done, "artifact:g.pt#sha256=" + "1" * 64, event)
+    assert (state.phase, state.accuracy, state.elapsed_s, state.empty_rounds) == ("aggregated", 0.5, 0.1, 0)
+    with pytest.raises(Refused):  # a second aggregation of the round changes nothing
+        store.federated.aggregated(JOB, done, "artifact:h.pt#sha256=" + "2" * 64, event)
+    assert store.federated.rounds(JOB) == [done] and store.federated.state(JOB).global_weights.startswith("artifact:g.pt")
+    assert "rounds" not in store.federated.state(JOB).model_dump()
+
+
+def test_a_finished_federated_job_expires_after_the_retention(redis_server) -> None:
+    from edgetrain.common.store import Store
+
+    store = Store.connect(redis_server.url, job_retention_s=3600)
+    store.clear()
+    store.federated.create(FederatedRecord(job_id=JOB, spec=FederatedSpec.model_validate(SPEC)))
+    assert store._redis.ttl(store.keys.federated_state(JOB)) == -1
+    store.federated.change(JOB, lambda s, _: s.model_copy(update={"phase": "completed"}))
+    assert 3500 < store._redis.ttl(store.keys.federated_state(JOB)) <= 3600
+    assert 3500 < store._redis.ttl(store.keys.federated(JOB)) <= 3600
