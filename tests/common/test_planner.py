@@ -130,6 +130,8 @@ def test_a_cap_below_every_configuration_fails_naming_the_lowest_that_works() ->
 
 def test_nothing_to_select_fails() -> None:
     decision = plan(view(vector=vector(ratios=[None] * len(B))))
+    assert isinstance(decision, Fail) and "the proxy never reached the target accuracy at any batch size" in decision.reason
+    decision = plan(view(vector=vector(batch_sizes=[256], ratios=[1.0], samples_mean=[100.0])))
     assert isinstance(decision, Fail) and "no batch size is both in the lookup table" in decision.reason
 
 

@@ -73,6 +73,14 @@ def test_memory_limit_and_censored_sizes_are_never_selected() -> None:
         Equation4(vector_all_censored).choose(table, None)
 
 
+def test_a_proxy_that_never_reached_the_target_is_named_as_the_reason() -> None:
+    table = random_monotone_table(random.Random(2))
+    never = RelationVector(batch_sizes=B, ratios=[None] * len(B))
+    for strategy in (Equation4(never), Robust(never)):
+        with pytest.raises(SelectionError, match="the proxy never reached the target accuracy at any batch size"):
+            strategy.choose(table, 5.0)
+
+
 def test_baseline1_takes_largest_fitting_batch_at_envelope_frequency() -> None:
     table = random_monotone_table(random.Random(3))
     table.max_batch_size = 64
