@@ -51,6 +51,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_consumer": "edgetrain.tasks.consumer:Consumer",  # drops malformed messages, waits out a full Redis
         "result_expires": 7 * 24 * 3600,
         "task_track_started": True,
+        "task_store_errors_even_if_ignored": True,
         "worker_send_task_events": True,
         "task_send_sent_event": False,  # Flower learns of a task when a worker receives it, under its label
         "task_default_queue": CONTROL_QUEUE,

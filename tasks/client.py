@@ -469,7 +469,7 @@ class EdgeTrainClient:
         request = PretrainRequest(model=model, dataset=ref, samples=samples, **options)
         if (stored := self.store.resources.pretrained(request)) is not None:
             return stored
-        pending = send(self.app, TaskName.pretrain, request)
+        pending = send(self.app, TaskName.pretrain, request, awaited=True)
         try:
             result = pending.get(timeout=timeout_s)
         finally:

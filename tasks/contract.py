@@ -113,17 +113,20 @@ def show_progress(task: Task, text: str) -> None:
 
 def send(
     app: Celery, task: TaskName, payload: BaseModel | dict[str, Any] | str, queue: str | None = None, job_id: str | None = None,
-    task_id: str | None = None,
+    task_id: str | None = None, awaited: bool = False,
 ) -> AsyncResult:
     """Send `task` with its payload to `queue` (default: its fixed route), as task `task_id`
     (default: a new id); `job_id` names the job it serves in its label when the payload does
     not. The message is pushed onto the queue's list and nothing else (no declaration, which
-    would read the queue), so a sender needs only the right to push there (workers/redis_acl.py)."""
+    would read the queue), so a sender needs only the right to push there (workers/redis_acl.py).
+    Only an `awaited` task's result is stored: the others report through the store, and Flower
+    reads how they ended from the workers' events (a task that fails is stored all the same)."""
     route = queue or FIXED_ROUTES.get(task)
     if route is None:
         raise ValueError(f"{task.value} goes to a device queue: name the queue")
     body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
-    return app.send_task(task.value, args=[body], queue=route, shadow=label(task, body, job_id), task_id=task_id, declare=[])
+    return app.send_task(task.value, args=[body], queue=route, shadow=label(task, body, job_id), task_id=task_id, declare=[],
+                         ignore_result=not awaited)  # fmt: skip
 
 
 def send_tracked(

@@ -18,6 +18,7 @@ class QueuedTask:
     name: str
     args: list[Any]
     id: str = ""
+    result_stored: bool = True  # False: the sender asked the worker not to store its result
 
     @property
     def payload(self) -> Any:
@@ -31,5 +32,6 @@ def queued_tasks(client: redis.Redis, queue: str) -> list[QueuedTask]:
     for raw in reversed(client.lrange(queue, 0, -1)):  # kombu pushes to the head, pops from the tail
         message = json.loads(raw)
         args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-        tasks.append(QueuedTask(message["headers"]["task"], args, message["headers"]["id"]))
+        headers = message["headers"]
+        tasks.append(QueuedTask(headers["task"], args, headers["id"], not headers.get("ignore_result", False)))
     return tasks

@@ -2,15 +2,17 @@
 and its reuse of pre-trained weights, against a real Redis: what it claims, which task
 messages it leaves in the broker queues, and what it waits for."""
 
+import celery.exceptions
 import pytest
 import redis
 
 from edgetrain.common.keys import table_id, table_resource, vector_key, vector_resource
 from edgetrain.common.payloads import PretrainRequest, PretrainResult
+from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, EstimationRequest, LearningRatePolicy, ProfileTable, ProfilingOptions, RelationVector
 from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.tasks.client import EdgeTrainClient, ResourceFailed
-from edgetrain.tasks.contract import SERVER_QUEUE, TaskName, device_queue
+from edgetrain.tasks.contract import CONTROL_QUEUE, SERVER_QUEUE, TaskName, device_queue
 
 DEVICE = DeviceInfo(device_id="nano-3", device_type="twin", backend="sim", frequencies_hz=[100, 200], memory_bytes=1, simulated=True)
 TID = table_id("twin", "smallcnn", [1, 28, 28])
@@ -92,3 +94,16 @@ def test_weights_pretrained_for_an_identical_request_are_reused_without_a_task(c
     assert client.pretrain("smallcnn", {"name": "digits"}, 1000, timeout_s=1, batch_size=32) == result
     assert queued_tasks(broker, SERVER_QUEUE) == []
     assert client.store.resources.pretrained(request.model_copy(update={"samples": 2000})) is None
+
+
+def test_only_an_awaited_task_has_its_result_stored_and_a_submit_subscribes_to_nothing(client, broker) -> None:
+    job_id = client.submit(quick_job([{"device_id": "nano-3", "power_cap_w": 5.0}]))
+    client.profile(DEVICE, "smallcnn")
+    [advance] = queued_tasks(broker, CONTROL_QUEUE)
+    [profile] = queued_tasks(broker, device_queue("nano-3"))
+    assert advance.payload == job_id and not advance.result_stored and not profile.result_stored
+    assert broker.pubsub_channels() == []  # no result channel to listen on: nobody waits for these
+    with pytest.raises(celery.exceptions.TimeoutError):  # pre-training is waited for: its result is stored
+        client.pretrain("smallcnn", {"name": "digits"}, 1000, timeout_s=0.5, batch_size=32)
+    [pretrain] = queued_tasks(broker, SERVER_QUEUE)
+    assert pretrain.name == TaskName.pretrain.value and pretrain.result_stored
