@@ -16,15 +16,19 @@ from ..keys import Keys
 from ..schemas import DeviceCap, DeviceInfo, utc_now
 from .connection import text, texts
 
-# Set the owner of a device id if it is free, already ours, or the stale owner we replace;
+# A heartbeat in one round trip: set the owner of a device id if it is free, already ours, or
+# the stale owner we replace, then store the device's record and when it was seen (Redis time);
 # 1 when the id is ours.
-_CLAIM_ID = """
+_REGISTER = """
 local owner = redis.call('GET', KEYS[1])
-if owner == false or owner == ARGV[1] or owner == ARGV[3] then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
+if owner ~= false and owner ~= ARGV[1] and owner ~= ARGV[3] then
+  return 0
 end
-return 0
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SADD', KEYS[2], ARGV[4])
+redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[2])
+redis.call('ZADD', KEYS[4], redis.call('TIME')[1], ARGV[4])
+return 1
 """
 
 
@@ -44,7 +48,7 @@ class FleetRegistry:
 
     def __init__(self, client: redis.Redis, keys: Keys):
         self._redis, self._keys = client, keys
-        self._claim_id = client.register_script(_CLAIM_ID)
+        self._register = client.register_script(_REGISTER)
 
     def owner(self, device_id: str) -> str | None:
         """The worker instance serving `device_id`, while its heartbeat is alive."""
@@ -54,16 +58,11 @@ class FleetRegistry:
         """Announce `info` for `ttl_s` seconds as served by worker `instance` (taking over
         from `replaces`, an owner known to be dead); call again before it expires.
         DeviceIdTaken when another live instance serves the id."""
-        args: list[str | int] = [instance, int(ttl_s * 1000), replaces]
-        if not self._claim_id(keys=[self._keys.device_owner(info.device_id)], args=args):
-            raise DeviceIdTaken(info.device_id, self.owner(info.device_id) or "?")
-        info = info.model_copy(update={"heartbeat_at": utc_now()})
-        seconds, _ = self._redis.time()
-        with self._redis.pipeline() as p:
-            p.sadd(self._keys.fleet_ids(), info.device_id)
-            p.set(self._keys.device(info.device_id), info.model_dump_json(), px=int(ttl_s * 1000))
-            p.zadd(self._keys.fleet_seen(), {info.device_id: seconds})
-            p.execute()
+        k, device_id = self._keys, info.device_id
+        record = info.model_copy(update={"heartbeat_at": utc_now()}).model_dump_json()
+        keys = [k.device_owner(device_id), k.fleet_ids(), k.device(device_id), k.fleet_seen()]
+        if not self._register(keys=keys, args=[instance, int(ttl_s * 1000), replaces, device_id, record]):
+            raise DeviceIdTaken(device_id, self.owner(device_id) or "?")
 
     def unregister(self, device_id: str, instance: str) -> None:
         """Leave the fleet (a worker stopping cleanly); only the instance serving the id may."""

@@ -41,6 +41,26 @@ def test_fleet_registration_expires_without_heartbeat(store) -> None:
     assert store.fleet.devices() == []
 
 
+def test_a_heartbeat_is_one_command_and_a_taken_id_writes_nothing(store) -> None:
+    def calls() -> dict[str, int]:
+        return {name: int(v["calls"]) for name, v in store._redis.info("commandstats").items()}
+
+    store.fleet.register(info("b"), ttl_s=30, instance="wb")  # Redis has the script from now on
+    before = calls()
+    store.fleet.register(info("a"), ttl_s=30, instance="wa")
+    after = calls()
+    ran = {c.removeprefix("cmdstat_"): n - before.get(c, 0) for c, n in after.items() if n != before.get(c, 0)}
+    inside = {"get": 1, "set": 2, "sadd": 1, "zadd": 1, "time": 1}  # what the script runs
+    assert ran == {"evalsha": 1, "info": 1, **inside}  # one script call sent (and INFO, which counts)
+    seen = store.fleet.last_seen("a")
+    assert store.fleet.device("a").heartbeat_at is not None and seen is not None and store.fleet.owner("a") == "wa"
+    with pytest.raises(DeviceIdTaken):
+        store.fleet.register(info("a").model_copy(update={"device_type": "other"}), ttl_s=30, instance="wb")
+    assert store.fleet.device("a").device_type == "jetson-nano" and store.fleet.owner("a") == "wa"
+    store.fleet.register(info("a"), ttl_s=30, instance="wb", replaces="wa")  # taking over from an owner known to be dead
+    assert store.fleet.owner("a") == "wb"
+
+
 def test_table_and_vector_round_trip(store) -> None:
     table = ProfileTable(
         batch_sizes=[4], frequencies_hz=[10], samples=5, time_s=[[1.0]], peak_power_w=[[None]],
