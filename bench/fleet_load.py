@@ -41,6 +41,7 @@ from edgetrain.workers.cluster import LocalCluster
 
 TWINS = ["jetson-nano", "jetson-tx2-nx", "jetson-orin-nano", "jetson-orin-nx", "jetson-agx-orin"]
 SHAPE = [1, 28, 28]  # smallcnn
+HEARTBEAT_S = 5.0  # a device worker's heartbeat period (Settings.heartbeat_s)
 
 
 def fleet_infos(count: int) -> list[DeviceInfo]:
@@ -81,7 +82,7 @@ class Heartbeats(threading.Thread):
             self.store.fleet.register(info, 30.0, f"bench:{info.device_id}")
 
     def run(self) -> None:
-        while not self.stopped.wait(5.0):
+        while not self.stopped.wait(HEARTBEAT_S):
             self.beat()
 
 
@@ -146,6 +147,12 @@ def used_memory(store: Store) -> int:
     return int(store._redis.info("memory")["used_memory"])
 
 
+def redis_work(store: Store) -> tuple[int, float]:
+    """Commands Redis has run and the CPU time it has used (s), since it started."""
+    stats, cpu = store._redis.info("commandstats"), store._redis.info("cpu")
+    return sum(int(v["calls"]) for v in stats.values()), float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
 def run(devices: int, rate: float, control_concurrency: int) -> dict:
     """One fleet of `devices`: paced jobs at `rate` per second, then one job over every device."""
     with (
@@ -167,7 +174,10 @@ def run(devices: int, rate: float, control_concurrency: int) -> dict:
         store.resources.put_vector(RelationVector(batch_sizes=PAPER_BATCH_SIZES, ratios=ratios, key=vector_key(request)))
         assert all(store.resources.table(table_id(t, "smallcnn", SHAPE)) for t in {i.device_type for i in infos})
 
-        before_jobs = used_memory(store)
+        idle_before, idle_started = redis_work(store), time.perf_counter()
+        time.sleep(HEARTBEAT_S + 0.5)  # a whole heartbeat period: what the fleet alone costs Redis
+        idle_after, idle_s = redis_work(store), time.perf_counter() - idle_started
+        before_jobs, work_before = used_memory(store), redis_work(store)
         started = time.perf_counter()
         paced = []
         for k, info in enumerate(infos):
@@ -175,6 +185,7 @@ def run(devices: int, rate: float, control_concurrency: int) -> dict:
             paced.append(client.submit(job_spec([info])))
         wait_dispatched(store, paced, len(infos))
         paced_s = time.perf_counter() - started
+        work_after = redis_work(store)
         statuses = [store.jobs.status(j) for j in paced]
         paced_latency = [x for s in statuses for x in dispatch_latencies_s(s)]
         per_job_bytes = (used_memory(store) - before_jobs) / len(paced)
@@ -190,6 +201,7 @@ def run(devices: int, rate: float, control_concurrency: int) -> dict:
         status_ms = timed_ms(lambda: client.status(burst))
         fleet_ms = timed_ms(client.fleet, repeat=10)
         heartbeats.stopped.set()
+        heartbeats.join()  # no beat left running when the cluster and its Redis stop
     return {
         "devices": devices, "control_processes": control_concurrency, "rate_per_s": rate,
         "paced_all_dispatched_s": paced_s, "paced_throughput_per_s": devices / paced_s,
@@ -198,6 +210,8 @@ def run(devices: int, rate: float, control_concurrency: int) -> dict:
         "burst_latency_ms": {"median": statistics.median(burst_latency) * 1e3, "p99": percentile(burst_latency, 99) * 1e3},
         "status_ms": {"median": status_ms[0], "p99": status_ms[1]}, "fleet_ms": {"median": fleet_ms[0], "p99": fleet_ms[1]},
         "redis_bytes_per_device": fleet_bytes / devices, "redis_bytes_per_job": per_job_bytes,
+        "redis_cpu_idle": (idle_after[1] - idle_before[1]) / idle_s, "redis_cpu_paced": (work_after[1] - work_before[1]) / paced_s,
+        "redis_commands_per_job": ((work_after[0] - work_before[0]) - (idle_after[0] - idle_before[0]) / idle_s * paced_s) / devices,
     }  # fmt: skip
 
 
@@ -224,6 +238,10 @@ def main() -> None:
               f"{r['burst_latency_ms']['p99'] / 1e3:.2f} s | {r['status_ms']['median']:.1f} / {r['status_ms']['p99']:.1f} ms "
               f"| {r['fleet_ms']['median']:.1f} ms | {r['redis_bytes_per_device']:.0f} B, {r['redis_bytes_per_job']:.0f} B |",
               flush=True)  # fmt: skip
+    for r in results:
+        print(f"{r['devices']} devices: Redis ran {r['redis_commands_per_job']:.0f} commands per paced job (the fleet's heartbeats "
+              f"taken out); Redis's CPU {100 * r['redis_cpu_idle']:.0f} % of a core with heartbeats alone, "
+              f"{100 * r['redis_cpu_paced']:.0f} % while paced")
     for small, big in zip(results, results[1:]):
         ideal = big["devices"] / small["devices"]
         grew = big["burst_all_dispatched_s"] / small["burst_all_dispatched_s"]
