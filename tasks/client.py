@@ -119,6 +119,7 @@ def datasets_missing_here(spec: JobSpec) -> list[str]:
 
 
 T = TypeVar("T")
+SAFE_FOR_S = 10.0  # how long a Redis found safe to submit to is not asked again (s)
 
 
 def poll_until(check: Callable[[], T | None], timeout_s: float | None, poll_s: float, what: str) -> T:
@@ -164,15 +165,26 @@ class EdgeTrainClient:
         self.store = Store.connect(settings.redis_url, key_prefix)
         self.app = producer_app(settings)
         self.owner = f"client:{socket.gethostname()}:{os.getpid()}"  # who claims what this client produces
+        self._safe_until = 0.0  # time.monotonic() until which Redis counts as checked safe to submit to
+
+    def _refuse_unsafe_redis(self) -> None:
+        """RedisUnsafe or RedisFull before a submission to a Redis that evicts keys or is full;
+        once found safe, not asked again for SAFE_FOR_S (a client submitting hundreds of jobs a
+        second would otherwise read Redis's INFO as often; a write Redis has no room for is
+        refused by Redis itself)."""
+        if time.monotonic() < self._safe_until:
+            return
+        try:
+            refuse_unsafe(self.store.redis_facts(), "to submit")
+        except redis.ResponseError:  # INFO not allowed to this user: Redis itself refuses a job it has no room for
+            pass
+        self._safe_until = time.monotonic() + SAFE_FOR_S
 
     def submit(self, job_spec: JobSpec | dict[str, Any]) -> str:
         """Validate and enqueue a job; returns its id. RedisUnsafe when Redis evicts keys (it
         would lose the job without a word), RedisFull when it has no room for it."""
         job = validate_job(job_spec)
-        try:
-            refuse_unsafe(self.store.redis_facts(), "to submit")
-        except redis.ResponseError:  # INFO not allowed to this user: Redis itself refuses a job it has no room for
-            pass
+        self._refuse_unsafe_redis()
         job_id = uuid.uuid4().hex[:12]
         try:
             self.store.jobs.create(job_id, job)
@@ -188,10 +200,7 @@ class EdgeTrainClient:
     def submit_federated(self, spec: FederatedSpec | dict[str, Any]) -> str:
         """Validate and start a federated job (docs/federated.md); returns its id."""
         job = validate_federated(spec)
-        try:
-            refuse_unsafe(self.store.redis_facts(), "to submit")
-        except redis.ResponseError:
-            pass
+        self._refuse_unsafe_redis()
         job_id = uuid.uuid4().hex[:12]
         try:
             self.store.federated.create(FederatedRecord(job_id=job_id, spec=job))

@@ -2,6 +2,8 @@
 and its reuse of pre-trained weights, against a real Redis: what it claims, which task
 messages it leaves in the broker queues, and what it waits for."""
 
+import time
+
 import celery.exceptions
 import pytest
 import redis
@@ -9,8 +11,10 @@ import redis
 from edgetrain.common.keys import table_id, table_resource, vector_key, vector_resource
 from edgetrain.common.payloads import PretrainRequest, PretrainResult
 from edgetrain.common.presets import quick_job
+from edgetrain.common.redis_health import RedisUnsafe
 from edgetrain.common.schemas import DeviceInfo, EstimationRequest, LearningRatePolicy, ProfileTable, ProfilingOptions, RelationVector
 from edgetrain.common.testing.broker import queued_tasks
+from edgetrain.tasks import client as client_module
 from edgetrain.tasks.client import EdgeTrainClient, ResourceFailed
 from edgetrain.tasks.contract import CONTROL_QUEUE, SERVER_QUEUE, TaskName, device_queue
 
@@ -107,3 +111,22 @@ def test_only_an_awaited_task_has_its_result_stored_and_a_submit_subscribes_to_n
         client.pretrain("smallcnn", {"name": "digits"}, 1000, timeout_s=0.5, batch_size=32)
     [pretrain] = queued_tasks(broker, SERVER_QUEUE)
     assert pretrain.name == TaskName.pretrain.value and pretrain.result_stored
+
+
+def test_a_client_reads_redis_s_settings_once_a_while_and_refuses_an_evicting_redis_after_it(client, broker, monkeypatch) -> None:
+    monkeypatch.setattr(client_module, "SAFE_FOR_S", 0.5)
+    job = quick_job([{"device_id": "nano-3", "power_cap_w": 5.0}])
+    info_calls = lambda: int(broker.info("commandstats").get("cmdstat_info", {"calls": 0})["calls"])  # noqa: E731
+    try:
+        client.submit(job)
+        before = info_calls()
+        client.submit(job)
+        client.submit(job)
+        assert info_calls() - before == 1  # our own INFO only: the two submissions asked nothing
+        broker.config_set("maxmemory-policy", "allkeys-lru")
+        time.sleep(0.6)
+        with pytest.raises(RedisUnsafe, match="refusing to submit: Redis maxmemory-policy is allkeys-lru"):
+            client.submit(job)
+    finally:
+        broker.config_set("maxmemory-policy", "noeviction")
+    assert len(queued_tasks(broker, CONTROL_QUEUE)) == 3
