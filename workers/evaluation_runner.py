@@ -206,9 +206,10 @@ class _Evaluation:
     # ---------------------------------------------------------------- verification
 
     def verify(self, weights: str, run: EvaluationRun, tables: dict[str, ProfileTable]) -> tuple[list[Verification], list[Achieved]]:
-        """Fine-tune, as real jobs on each row's device: edgetrain as a user's job runs it (sent
-        first, so that it learns nothing from the others), then every distinct configuration of
-        the row's methods."""
+        """Fine-tune, as real jobs on each row's device: edgetrain as a user's job runs it, then,
+        once every such job has finished, every distinct configuration of the row's methods (so
+        edgetrain learns only from its own earlier fine-tunes, never from the fixed
+        configurations' records, even where its job waits for a vector the others do not)."""
         by_type = {info.device_type: info for info in reversed(self.devices)}  # the first device of each type
         goals = {goal.label: goal for goal in self.spec.goals()}
         seed = self.spec.seeds[0]
@@ -221,6 +222,7 @@ class _Evaluation:
             waited = _Waited(what, self.finished_status(job_id), self.progress.add(what), self.job_progress(what, job_id, info),
                              self.job_outcome(info))  # fmt: skip
             own.append((row, job_id, waited))
+        self.wait_all([w for _, _, w in own])
         jobs: list[tuple[Check, str, _Waited]] = []
         for check in checks(run.rows):
             info, goal = by_type[check.row.device_type], goals[check.row.target]
@@ -231,7 +233,7 @@ class _Evaluation:
             task = self.progress.add(what)
             waited = _Waited(what, self.finished_status(job_id), task, self.job_progress(what, job_id, info), self.job_outcome(info))
             jobs.append((check, job_id, waited))
-        self.wait_all([w for _, _, w in own] + [w for _, _, w in jobs])
+        self.wait_all([w for _, _, w in jobs])
         ran = []
         for row, job_id, w in own:
             part = w.value.parts[by_type[row.device_type].device_id]

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from edgetrain.common.evaluation import METHODS
+from edgetrain.common.store import Store
 from edgetrain.workers.cluster import EmbeddedRedis
 
 pytestmark = pytest.mark.e2e
@@ -136,3 +137,10 @@ def test_verify_fine_tunes_each_configuration_of_a_row_on_the_twin(first) -> Non
     assert own["time_to_accuracy_s"] > 0 and own["over_oracle_pct"] == pytest.approx(
         (own["time_to_accuracy_s"] / row["oracle"]["time_to_accuracy_s"]["mean"] - 1) * 100)
     assert "run edgetrain sim-jetson-nano, cap 4 W, mnist5k (0.2)" in done.stderr
+    server = EmbeddedRedis(tmp / "work" / "redis", persistent=True)
+    try:  # edgetrain's job had finished before any fixed configuration was sent: it learned nothing from them
+        jobs = Store.connect(server.url).jobs
+        finished = max(e.at for e in jobs.status(own["job_id"]).events)
+        assert all(jobs.status(v["job_id"]).created_at >= finished for v in verified["verification"])
+    finally:
+        server.stop()
