@@ -34,6 +34,7 @@ from edgetrain.common.keys import table_id, vector_key
 from edgetrain.common.presets import quick_job
 from edgetrain.common.profiling import software_versions
 from edgetrain.common.schemas import PAPER_BATCH_SIZES, DeviceInfo, JobSpec, ProfileTable, RelationVector
+from edgetrain.common.settings import Settings
 from edgetrain.common.store import Store
 from edgetrain.tasks.client import EdgeTrainClient
 from edgetrain.tasks.contract import device_queue
@@ -41,7 +42,8 @@ from edgetrain.workers.cluster import LocalCluster
 
 TWINS = ["jetson-nano", "jetson-tx2-nx", "jetson-orin-nano", "jetson-orin-nx", "jetson-agx-orin"]
 SHAPE = [1, 28, 28]  # smallcnn
-HEARTBEAT_S = 5.0  # a device worker's heartbeat period (Settings.heartbeat_s)
+HEARTBEAT_S = Settings.model_fields["heartbeat_s"].default  # a device worker's heartbeat period (s)
+HEARTBEAT_TTL_S = Settings.model_fields["heartbeat_ttl_s"].default
 
 
 def fleet_infos(count: int) -> list[DeviceInfo]:
@@ -79,7 +81,7 @@ class Heartbeats(threading.Thread):
 
     def beat(self) -> None:
         for info in self.infos:
-            self.store.fleet.register(info, 30.0, f"bench:{info.device_id}")
+            self.store.fleet.register(info, HEARTBEAT_TTL_S, f"bench:{info.device_id}")
 
     def run(self) -> None:
         while not self.stopped.wait(HEARTBEAT_S):

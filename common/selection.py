@@ -141,13 +141,13 @@ def feasible_set(strategy: str, table: ProfileTable, vector: RelationVector, pow
     T[b][f*_b] * r_b as the estimate. SelectionError (InfeasibleCapError for a cap too low)
     when C is empty."""
     candidates = allowed_batch_sizes(table, vector)
-    if not candidates and all(r is None for r in vector.ratios):
-        raise SelectionError(
-            f"the proxy never reached the target accuracy at any batch size {vector.batch_sizes} within the job's "
-            "max_samples, so there is no relation vector to choose with: lower target_accuracy, raise max_samples, "
-            "or choose a proxy closer to the target data"
-        )
     if not candidates:
+        if all(r is None for r in vector.ratios):
+            raise SelectionError(
+                f"the proxy never reached the target accuracy at any batch size {vector.batch_sizes} within the job's "
+                "max_samples, so there is no relation vector to choose with: lower target_accuracy, raise max_samples, "
+                "or choose a proxy closer to the target data"
+            )
         raise SelectionError(
             "no batch size is both in the lookup table (within its memory limit "
             f"b_mem={table.max_batch_size}) and in the relation vector with a finite ratio: "
