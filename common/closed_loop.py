@@ -8,8 +8,10 @@ two batch sizes trace one test-loss curve stretched in samples by N_b / N_b'
 (`learned.warp_ratio`). Matched at every evaluation against the solo curves that earlier
 fine-tunes on this data recorded at other batch sizes (`learned.FinetuneRecord`), it gives the
 target's own N_b at those batch sizes relative to the running one; `learned_vector` turns all
-of it into the posterior relation vector. Without such records there is no evidence and the
-fine-tune runs the prior's choice.
+of it into the posterior relation vector. The records are read again at every evaluation of the
+solo segment, so a curve another device stores meanwhile (a job's other parts on the same data)
+is evidence from then on. Without such records there is no evidence and the fine-tune runs the
+prior's choice.
 
 A decision switches only to another batch size (the frequency at a batch size follows the cap
 and the power guard), when, under the posterior, the new configuration is predicted faster
@@ -121,14 +123,17 @@ class _Curve:
 class ClosedLoop:
     """The step control of a closed-loop fine-tune (see the module docstring): wraps the
     `AdaptiveControl` of the run, follows its evaluations, and re-selects through
-    `adaptive.reselect` when the evidence says so. `records` are earlier fine-tunes on the
-    same data; `identity` fills the record this run leaves (`record()`); `on_decision` sees
-    every Decision (also kept in `decisions`)."""
+    `adaptive.reselect` when the evidence says so. `records` reads the fine-tunes on the same
+    data kept so far (read now and at each evaluation until the solo segment ends; `records`
+    holds the last read); `identity` fills the record this run leaves (`record()`);
+    `on_decision` sees every Decision (also kept in `decisions`)."""
 
-    def __init__(self, adaptive: AdaptiveControl, prior: RelationVector, records: list[FinetuneRecord],
+    def __init__(self, adaptive: AdaptiveControl, prior: RelationVector, records: Callable[[], list[FinetuneRecord]],
                  identity: RecordIdentity, settings: LoopSettings | None = None,
                  on_decision: Callable[[Decision], None] | None = None):  # fmt: skip
-        self.adaptive, self.prior, self.records, self.identity = adaptive, prior, records, identity
+        self.adaptive, self.prior, self.identity = adaptive, prior, identity
+        self.read_records = records
+        self.records = records()
         self.settings = settings or LoopSettings()
         self.on_decision = on_decision
         self.decisions: list[Decision] = []
@@ -200,9 +205,11 @@ class ClosedLoop:
         return self.partial_record(outcome)
 
     def _decide(self, run: DeviceTotals) -> None:
+        solo_over = len(self._curve.segments) > 1  # the evidence is the records and the first segment: fixed from here
+        if not solo_over:
+            self.records = self.read_records()
         if not self.records or self.adaptive.paused:
             return
-        solo_over = len(self._curve.segments) > 1  # the evidence is the records and the first segment: fixed from here
         posterior = self.posterior if solo_over else learned_vector([*self.records, self.partial_record()], self.prior)
         if posterior is None:
             return

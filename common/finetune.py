@@ -94,9 +94,10 @@ class Options:
     `check_every_s`: how often (wall s) the run asks whether it must stop between
     evaluations; `stop_requested`: the worker's reason to stop (None: go on);
     `table`, `vector`, `device_cap`: what re-selection on a new cap needs (without them the
-    run keeps its first selection); `records`: what earlier fine-tunes measured on this data
-    (common/learned.py), the closed loop's evidence; `similar`: records of similar data (a
-    weaker prior); `data`: the identity of this data, for the record this run leaves."""
+    run keeps its first selection); `records`: reads what fine-tunes measured on this data
+    (common/learned.py), the closed loop's evidence, read at set-up and as the run goes;
+    `similar`: records of similar data (a weaker prior); `data`: the identity of this data,
+    for the record this run leaves."""
 
     attempt: str
     artifact_dir: Path
@@ -106,7 +107,7 @@ class Options:
     table: ProfileTable | None = None
     vector: RelationVector | None = None
     device_cap: Callable[[], DeviceCap | None] = lambda: None
-    records: list[FinetuneRecord] = field(default_factory=list)
+    records: Callable[[], list[FinetuneRecord]] = lambda: []
     similar: list[FinetuneRecord] = field(default_factory=list)
     data: DataIdentity | None = None
 
@@ -193,14 +194,15 @@ class FineTune:
         if control is None or o.vector is None or o.data is None:
             return None
         closed = r.objective.name == "time" and r.target.configuration is None
+        identity = RecordIdentity(f"{r.job_id}:{r.device_id}", r.model, r.weights, o.data, r.target_accuracy, r.lr,
+                                  r.eval_every_samples, self.device.device_type, r.seed)  # fmt: skip
+        loop = ClosedLoop(control, o.vector, o.records if closed else list, identity)
         if closed:
-            start = starting_vector(o.vector, o.records, o.similar)
+            start = starting_vector(o.vector, loop.records, o.similar)
             if start is not o.vector:
                 control.reselect(self.totals, loop_strategy(start, control.strategy),
                                  f"evidence: {start.provenance.summary}" if start.provenance else "evidence")  # fmt: skip
-        identity = RecordIdentity(f"{r.job_id}:{r.device_id}", r.model, r.weights, o.data, r.target_accuracy, r.lr,
-                                  r.eval_every_samples, self.device.device_type, r.seed)  # fmt: skip
-        return ClosedLoop(control, o.vector, o.records if closed else [], identity)
+        return loop
 
     def _select(self) -> AdaptiveControl | None:
         """The control that follows the device's cap with the job's strategy, or None (with an

@@ -21,6 +21,7 @@
     <p>:pretrained:<key>                   PretrainResult JSON: weights pre-trained for a request
     <p>:learned:<data key>                 list of FinetuneRecord JSON, newest first: what fine-tunes
                                            on that data measured (common/learned.py)
+    <p>:learned-count:<data key>           how many records were ever kept under that data key
     <p>:learned-index:<kind key>           set of data keys of one kind of data (model, weights,
                                            dataset name): priors from similar data
     <p>:claim:<resource>                   who is producing a table or vector (expires)
@@ -196,6 +197,9 @@ class Keys:
 
     def learned(self, data_key: str) -> str:
         return f"{self.prefix}:learned:{data_key}"
+
+    def learned_count(self, data_key: str) -> str:
+        return f"{self.prefix}:learned-count:{data_key}"
 
     def learned_index(self, kind_key: str) -> str:
         return f"{self.prefix}:learned-index:{kind_key}"

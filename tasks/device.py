@@ -120,7 +120,7 @@ def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
         recipe = FineTune(request, device, _Writer(job_id, device_id, attempt, finetune_reporter(self)), Options(
             attempt=attempt, artifact_dir=settings().artifact_dir, checkpoint_every_s=settings().checkpoint_every_s,
             stop_requested=_stop_flag(worker), table=s.resources.table(request.table_id), vector=s.resources.vector(request.vector_key),
-            device_cap=lambda: s.fleet.power_cap(device_id), records=memory.records(), similar=memory.similar(), data=memory.data,
+            device_cap=lambda: s.fleet.power_cap(device_id), records=memory.records, similar=memory.similar(), data=memory.data,
         ))  # fmt: skip
         with _stopping_on_sigterm():
             recipe.setup(checkpoint)
@@ -153,10 +153,20 @@ class _Memory:
         self.data = data_identity(request.dataset, settings().readable_data_roots())
         self.key = learned_key(request.model, request.weights, self.data, request.target_accuracy, request.lr)
         self.kind = similar_key(request.model, request.weights, request.dataset.name)
+        self._kept, self._records = -1, list[FinetuneRecord]()
 
     def records(self) -> list[FinetuneRecord]:
-        """Earlier fine-tunes of this model and weights on this data, to this accuracy."""
-        return store().learned.records(self.key)
+        """The fine-tunes of this model and weights on this data, to this accuracy, kept so far:
+        the list is read again only when one was kept since the last read; a read that fails
+        keeps the last one (with a warning)."""
+        try:
+            self._kept, found = store().learned.records_if_new(self.key, self._kept)
+        except RedisError as exc:
+            logger.warning("the records of %s were not read again: %s", self.key, exc)
+            return self._records
+        if found is not None:
+            self._records = found
+        return self._records
 
     def similar(self) -> list[FinetuneRecord]:
         """Fine-tunes of this model and weights on other data of the same kind."""

@@ -23,12 +23,26 @@ class LearnedStore:
         with self._redis.pipeline() as p:
             p.lpush(name, record.model_dump_json())
             p.ltrim(name, 0, MAX_RECORDS - 1)
+            p.incr(self._keys.learned_count(data_key))
             p.sadd(self._keys.learned_index(similar_key), data_key)
             p.execute()
 
     def records(self, data_key: str) -> list[FinetuneRecord]:
         """The records of one data key, newest first."""
-        return [FinetuneRecord.model_validate_json(raw) for raw in self._redis.lrange(self._keys.learned(data_key), 0, -1)]
+        return self.records_if_new(data_key, kept=-1)[1] or []
+
+    def records_if_new(self, data_key: str, kept: int) -> tuple[int, list[FinetuneRecord] | None]:
+        """How many records were ever kept under a data key, and its records when that differs
+        from `kept` (None when it does not): a reader that polls transfers the list only when a
+        record was added since its last read."""
+        count_key = self._keys.learned_count(data_key)
+        if int(self._redis.get(count_key) or 0) == kept:
+            return kept, None
+        with self._redis.pipeline() as p:  # the count and the list of one moment
+            p.get(count_key)
+            p.lrange(self._keys.learned(data_key), 0, -1)
+            count, raw = p.execute()
+        return int(count or 0), [FinetuneRecord.model_validate_json(r) for r in raw]
 
     def similar(self, similar_key: str, exclude: str | None = None) -> dict[str, list[FinetuneRecord]]:
         """The records of every data key indexed under `similar_key` but `exclude`, by data key."""

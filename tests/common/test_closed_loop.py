@@ -88,7 +88,7 @@ def run_loop(records: list[FinetuneRecord], target: DeviceTarget | None = None, 
     device.set_frequency(first.frequency_hz)
     adaptive = AdaptiveControl(device, trainer, POLICY, TABLE, strategy, CapFollower(target, lambda: None, poll_s=0.0),  # type: ignore[arg-type]
                                target.cap_at(0), first.frequency_hz)  # fmt: skip
-    loop = ClosedLoop(adaptive, PRIOR, records, IDENTITY, settings)
+    loop = ClosedLoop(adaptive, PRIOR, lambda: records, IDENTITY, settings)
     outcome, totals = train_to_accuracy(trainer, TARGET, 256, max_samples, 0, device, control=loop)  # type: ignore[arg-type]
     return loop, adaptive, outcome, totals, first
 
@@ -108,6 +108,31 @@ def test_the_loop_switches_to_what_the_device_data_shows_is_faster_and_says_why(
     # the same run without evidence stays at the prior's choice and takes longer on the device
     _, alone, _, totals_alone, _ = run_loop([])
     assert alone.switches == [] and totals.elapsed_s < 0.85 * totals_alone.elapsed_s
+
+
+def test_a_record_kept_while_the_run_trains_is_evidence_from_the_next_evaluation() -> None:
+    # no record at set-up: the prior's b=8; another device of the job keeps its b=32 curve after
+    # the run's 6th evaluation (at 0, 256, ..., 1280 samples; the loop reads the records once at
+    # set-up and at each evaluation)
+    reads = 0
+
+    def records() -> list[FinetuneRecord]:
+        nonlocal reads
+        reads += 1
+        return [solo_record(32, "other device")] if reads > 7 else []
+
+    strategy = Equation4(PRIOR)
+    first = strategy.choose(TABLE, None)
+    trainer, device = WarpTrainer(first.batch_size), ReplayDevice(TABLE)
+    device.set_frequency(first.frequency_hz)
+    adaptive = AdaptiveControl(device, trainer, POLICY, TABLE, strategy, CapFollower(DeviceTarget(device_id="d"), lambda: None, poll_s=0.0),  # type: ignore[arg-type]
+                               None, first.frequency_hz)  # fmt: skip
+    loop = ClosedLoop(adaptive, PRIOR, records, IDENTITY)
+    outcome, _ = train_to_accuracy(trainer, TARGET, 256, 20_000, 0, device, control=loop)  # type: ignore[arg-type]
+    [switch] = adaptive.switches
+    assert (first.batch_size, switch.cause, switch.new_batch_size) == (8, "evidence", 32)
+    assert switch.samples == 6 * 256 and outcome.reached  # the first evaluation after the record was kept
+    assert [r.record_id for r in loop.records] == ["other device"]
 
 
 def test_a_second_job_on_the_same_data_starts_at_the_measured_best_and_never_switches() -> None:
@@ -170,7 +195,7 @@ def test_the_loop_never_undoes_the_power_guard() -> None:
     device.set_frequency(first.frequency_hz)
     adaptive = AdaptiveControl(device, trainer, POLICY, TABLE, strategy, CapFollower(DeviceTarget(device_id="d", power_cap_w=3.6),  # type: ignore[arg-type]
                                lambda: None, poll_s=0.0), 3.6, first.frequency_hz)  # fmt: skip
-    loop = ClosedLoop(adaptive, PRIOR, records, IDENTITY)
+    loop = ClosedLoop(adaptive, PRIOR, lambda: records, IDENTITY)
     outcome, totals = train_to_accuracy(trainer, TARGET, 256, 20_000, 0, device, control=loop)  # type: ignore[arg-type]
     assert (first.batch_size, first.frequency_hz) == (32, 200)
     assert [(s.cause, s.new_frequency_hz) for s in adaptive.switches] == [("guard", 100)]

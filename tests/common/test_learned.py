@@ -116,6 +116,19 @@ def test_the_store_keeps_the_newest_records_per_data_and_finds_similar_data(stor
     assert store.learned.records("unknown") == [] and store.learned.similar("unknown") == {}
 
 
+def test_a_polling_reader_gets_the_records_only_when_one_was_kept_since_its_last_read(store) -> None:
+    key, kind = learned_key("smallcnn", "init:0", DATA, 0.9, LearningRatePolicy()), similar_key("smallcnn", "init:0", "mnist5k")
+    assert store.learned.records_if_new(key, kept=-1) == (0, [])  # the first read: nothing kept yet
+    assert store.learned.records_if_new(key, kept=0) == (0, None)
+    store.learned.put_record(key, kind, record(8, 1.0, "a:dev", n=9000))
+    kept, found = store.learned.records_if_new(key, kept=0)
+    assert kept == 1 and found is not None and [r.record_id for r in found] == ["a:dev"]
+    assert store.learned.records_if_new(key, kept=1) == (1, None)
+    store.learned.put_record(key, kind, record(32, 1.5, "b:dev", n=6000))
+    kept, found = store.learned.records_if_new(key, kept=1)
+    assert kept == 2 and found is not None and [r.record_id for r in found] == ["b:dev", "a:dev"]
+
+
 def test_a_vector_stored_before_provenance_existed_still_loads() -> None:
     old = '{"batch_sizes": [8, 32], "ratios": [0.5, 1.0], "key": "k"}'
     assert RelationVector.model_validate_json(old).provenance is None
