@@ -205,6 +205,9 @@ class JobSpec(Strict):
     dataset: DatasetRef
     proxy_dataset: DatasetRef
     target_accuracy: float = Field(gt=0, lt=1)
+    proxy_target_accuracy: float | None = Field(
+        None, gt=0, lt=1, description="the accuracy the proxy is trained to for the relation vector (default: target_accuracy)"
+    )
     devices: list[DeviceTarget] = Field(min_length=1, max_length=MAX_DEVICES)
     batch_sizes: BatchSizes = Field(default_factory=lambda: list(PAPER_BATCH_SIZES), min_length=1, max_length=MAX_BATCH_SIZES)
     seeds: Seeds = Field(default_factory=lambda: [0], min_length=1, max_length=MAX_SEEDS)
@@ -247,7 +250,7 @@ class JobSpec(Strict):
             model=self.model,
             weights=self.weights,
             proxy_dataset=self.proxy_dataset,
-            target_accuracy=self.target_accuracy,
+            target_accuracy=self.proxy_target_accuracy or self.target_accuracy,
             batch_sizes=self.batch_sizes,
             seeds=self.seeds,
             lr=self.lr,

@@ -145,7 +145,8 @@ def feasible_set(strategy: str, table: ProfileTable, vector: RelationVector, pow
         if all(r is None for r in vector.ratios):
             raise SelectionError(
                 f"the proxy never reached the target accuracy at any batch size {vector.batch_sizes} within the job's "
-                "max_samples, so there is no relation vector to choose with: lower target_accuracy, raise max_samples, "
+                "max_samples, so there is no relation vector to choose with: lower the proxy's target (proxy_target_accuracy, "
+                "else target_accuracy), raise max_samples, "
                 "or choose a proxy closer to the target data"
             )
         raise SelectionError(

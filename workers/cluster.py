@@ -8,13 +8,33 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgetrain.common.store import Store
 
 STOP_GRACE_S = 20.0
+
+
+def exit_on_sigterm() -> Callable[[], None]:
+    """Make SIGTERM exit through `finally` and `with` blocks, as Ctrl-C does (Python's default
+    ends the process at once, which would leave the cluster's processes, each in a session of
+    its own, running); returns what restores the handler. A handler someone else installed,
+    and threads other than the main one, are left alone."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return lambda: None
+
+    def leave(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGTERM, leave)
+    return restore
 
 
 class EmbeddedRedis:
@@ -103,17 +123,22 @@ class LocalCluster:
     persistent_redis: bool = False  # the embedded Redis keeps its data in workdir/redis across runs
     workers: list[WorkerProcess] = field(default_factory=list)
     _redis: EmbeddedRedis | None = None
+    _undo_sigterm: Callable[[], None] = lambda: None
 
     def __enter__(self) -> LocalCluster:
+        self._undo_sigterm = exit_on_sigterm()
         try:
             self.start()
         except BaseException:
-            self.stop()
+            self.__exit__()
             raise
         return self
 
     def __exit__(self, *_: object) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            self._undo_sigterm()
 
     def start(self, timeout_s: float = 120.0) -> None:
         """Start Redis (unless a URL was given) and every worker; wait until they are ready."""

@@ -19,6 +19,7 @@ def test_demo_job_is_valid() -> None:
     "changes, field, words",
     [
         ({"target_accuracy": 1.5}, "target_accuracy", "less than 1"),
+        ({"proxy_target_accuracy": 0}, "proxy_target_accuracy", "greater than 0"),
         ({"batch_sizes": [4, 12]}, "batch_sizes", "powers of two"),
         ({"devices": []}, "devices", "at least 1"),
         ({"devices": [{"device_id": "a b", "power_cap_w": 3}]}, "devices.0.device_id", "pattern"),
@@ -34,6 +35,14 @@ def test_malformed_job_names_the_field(changes, field, words) -> None:
         validate_job(spec(**changes))
     assert field in str(err.value)
     assert words in str(err.value)
+
+
+def test_the_proxy_trains_to_its_own_target_when_the_job_names_one() -> None:
+    job = validate_job(spec(target_accuracy=0.8))
+    assert job.estimation_request().target_accuracy == 0.8  # by default the target's
+    own = validate_job(spec(target_accuracy=0.8, proxy_target_accuracy=0.9))
+    assert own.estimation_request().target_accuracy == 0.9 and own.target_accuracy == 0.8
+    assert own.estimation_request().model_dump(exclude={"target_accuracy"}) == job.estimation_request().model_dump(exclude={"target_accuracy"})
 
 
 def test_square_root_learning_rate_rule() -> None:

@@ -17,7 +17,7 @@ from edgetrain.common.keys import vector_key
 from edgetrain.common.progress import ProfilingProgress, ProxyRunProgress
 from edgetrain.common.schemas import DeviceInfo, utc_now
 from edgetrain.common.settings import get_settings
-from edgetrain.tasks.client import EdgeTrainClient
+from edgetrain.tasks.client import EdgeTrainClient, validate_job
 from edgetrain.workers.cli import main as edgetrain_main
 from edgetrain.workers.evaluation_progress import EvaluationProgress
 from edgetrain.workers.evaluation_runner import _Evaluation
@@ -141,3 +141,15 @@ def test_the_board_says_how_far_estimation_and_profiling_are(tmp, redis_server, 
                                                        updated_at=start + timedelta(seconds=2)))  # fmt: skip
     assert vectors["digits"].describe() == ("N_b on digits (proxy, to 0.8): proxy runs 0/2 done, 1 running, 1 waiting on the "
                                             "server pool; b=64 seed=0: running, 768 samples, accuracy 0.410 (target 0.8), 2 s")  # fmt: skip
+
+
+def test_edgetrain_s_own_job_estimates_the_proxy_at_the_proxy_s_target_as_the_computed_methods_do(redis_server) -> None:
+    # the target is fine-tuned to 0.85 and the proxy trained to 0.8: the job shares the proxy's vector
+    spec = EvaluationSpec.model_validate(TINY | {"targets": [{"dataset": {"name": "mnist5k", "fraction": 0.2}, "target_accuracy": 0.85}]})
+    info = DeviceInfo(device_id="sim-nano", device_type="jetson-nano", backend="sim:jetson-nano", frequencies_hz=[1, 2],
+                      memory_bytes=4, simulated=True)  # fmt: skip
+    evaluation = _Evaluation(EdgeTrainClient(redis_server.url), spec, [info], EvaluationProgress(Console(file=io.StringIO())), 60)
+    [target] = spec.targets
+    own = validate_job(evaluation.job(spec.weights, info, target, 4.0, None))
+    assert own.target_accuracy == 0.85
+    assert vector_key(own.estimation_request()) == vector_key(spec.estimation_request(spec.proxy, spec.weights))
