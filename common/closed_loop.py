@@ -126,11 +126,13 @@ class ClosedLoop:
     `adaptive.reselect` when the evidence says so. `records` reads the fine-tunes on the same
     data kept so far (read now and at each evaluation until the solo segment ends; `records`
     holds the last read); `identity` fills the record this run leaves (`record()`);
-    `on_decision` sees every Decision (also kept in `decisions`)."""
+    `on_decision` sees every Decision (also kept in `decisions`); `seen`: the evaluations of
+    earlier attempts in a resumed run's history, which are not this attempt's curve (its
+    evidence starts afresh)."""
 
     def __init__(self, adaptive: AdaptiveControl, prior: RelationVector, records: Callable[[], list[FinetuneRecord]],
                  identity: RecordIdentity, settings: LoopSettings | None = None,
-                 on_decision: Callable[[Decision], None] | None = None):  # fmt: skip
+                 on_decision: Callable[[Decision], None] | None = None, seen: int = 0):  # fmt: skip
         self.adaptive, self.prior, self.identity = adaptive, prior, identity
         self.read_records = records
         self.records = records()
@@ -139,7 +141,7 @@ class ClosedLoop:
         self.decisions: list[Decision] = []
         self.posterior: RelationVector | None = None
         self._curve = _Curve()
-        self._seen = 0  # evaluations seen
+        self._seen = seen  # evaluations seen
         self._since_switch = 0  # evaluations at the running configuration
         self._start_cap_w = adaptive.cap_w
 

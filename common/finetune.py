@@ -196,7 +196,7 @@ class FineTune:
         closed = r.objective.name == "time" and r.target.configuration is None
         identity = RecordIdentity(f"{r.job_id}:{r.device_id}", r.model, r.weights, o.data, r.target_accuracy, r.lr,
                                   r.eval_every_samples, self.device.device_type, r.seed)  # fmt: skip
-        loop = ClosedLoop(control, o.vector, o.records if closed else list, identity)
+        loop = ClosedLoop(control, o.vector, o.records if closed else list, identity, seen=len(self.totals.history))
         if closed:
             start = starting_vector(o.vector, loop.records, o.similar)
             if start is not o.vector:

@@ -16,7 +16,7 @@ from edgetrain.common.learned import DataIdentity, FinetuneRecord, Segment, lear
 from edgetrain.common.schemas import DeviceTarget, LearningRatePolicy, ProfileTable, RelationVector
 from edgetrain.common.selection import Equation4, Robust
 from edgetrain.common.testing.devices import RecordedDevice
-from edgetrain.common.training import train_to_accuracy
+from edgetrain.common.training import DeviceTotals, train_to_accuracy
 
 # at 200 Hz every batch size is under 4 W; under 3.2 W, b=8 runs at 200 Hz and b=32 at 100 Hz
 TABLE = ProfileTable(
@@ -133,6 +133,23 @@ def test_a_record_kept_while_the_run_trains_is_evidence_from_the_next_evaluation
     assert (first.batch_size, switch.cause, switch.new_batch_size) == (8, "evidence", 32)
     assert switch.samples == 6 * 256 and outcome.reached  # the first evaluation after the record was kept
     assert [r.record_id for r in loop.records] == ["other device"]
+
+
+def test_a_resumed_run_s_curve_starts_where_it_resumed() -> None:
+    # an earlier attempt trained 512 samples at b=8 and evaluated at 0, 256 and 512 (its checkpoint)
+    trainer, device = WarpTrainer(8), ReplayDevice(TABLE)
+    device.set_frequency(200)
+    for _ in range(64):
+        trainer.step()
+    earlier = DeviceTotals(history=[(0, 0.0), (256, 0.06), (512, 0.12)])
+    strategy = Equation4(PRIOR)
+    adaptive = AdaptiveControl(device, trainer, POLICY, TABLE, strategy, CapFollower(DeviceTarget(device_id="d"), lambda: None, poll_s=0.0),  # type: ignore[arg-type]
+                               None, 200)  # fmt: skip
+    loop = ClosedLoop(adaptive, PRIOR, lambda: [], IDENTITY, seen=len(earlier.history))
+    outcome, totals = train_to_accuracy(trainer, TARGET, 256, 20_000, 0, device, totals=earlier, control=loop)  # type: ignore[arg-type]
+    [segment] = loop.finish(totals, outcome).segments
+    assert segment.start_samples == 512 and segment.curve[0][0] > 512  # the earlier attempt's evaluations are not in it
+    assert all(loss is not None for _, _, loss in segment.curve) and outcome.reached
 
 
 def test_a_second_job_on_the_same_data_starts_at_the_measured_best_and_never_switches() -> None:
