@@ -254,11 +254,11 @@ class _Evaluation:
         without a check, edgetrain's own choice from the spec's proxy at the proxy's target
         (the vector the computed methods use), as a user's job."""
         spec = self.spec
-        proxy = goal.dataset if check else spec.proxy.dataset
+        proxy = goal if check else spec.proxy
         fixed = {"configuration": {"batch_size": check.batch_size, "frequency_hz": check.frequency_hz}} if check else {}
         return {
-            "model": spec.model, "weights": weights, "dataset": goal.dataset.model_dump(), "proxy_dataset": proxy.model_dump(),
-            "target_accuracy": goal.target_accuracy, "proxy_target_accuracy": (goal if check else spec.proxy).target_accuracy,
+            "model": spec.model, "weights": weights, "dataset": goal.dataset.model_dump(), "proxy_dataset": proxy.dataset.model_dump(),
+            "target_accuracy": goal.target_accuracy, "proxy_target_accuracy": proxy.target_accuracy,
             "devices": [{"device_id": info.device_id, "power_cap_w": power_cap_w, **fixed}],
             "batch_sizes": spec.batch_sizes, "seeds": spec.seeds, "lr": spec.lr.model_dump(),
             "eval_every_samples": spec.eval_every_samples, "max_samples": spec.max_samples,

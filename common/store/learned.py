@@ -29,17 +29,20 @@ class LearnedStore:
 
     def records(self, data_key: str) -> list[FinetuneRecord]:
         """The records of one data key, newest first."""
-        return self.records_if_new(data_key, kept=-1)[1] or []
+        return self._read(data_key)[1]
 
     def records_if_new(self, data_key: str, kept: int) -> tuple[int, list[FinetuneRecord] | None]:
         """How many records were ever kept under a data key, and its records when that differs
         from `kept` (None when it does not): a reader that polls transfers the list only when a
         record was added since its last read."""
-        count_key = self._keys.learned_count(data_key)
-        if int(self._redis.get(count_key) or 0) == kept:
+        if int(self._redis.get(self._keys.learned_count(data_key)) or 0) == kept:
             return kept, None
-        with self._redis.pipeline() as p:  # the count and the list of one moment
-            p.get(count_key)
+        return self._read(data_key)
+
+    def _read(self, data_key: str) -> tuple[int, list[FinetuneRecord]]:
+        """The count of records ever kept under a data key and its records, of one moment."""
+        with self._redis.pipeline() as p:
+            p.get(self._keys.learned_count(data_key))
             p.lrange(self._keys.learned(data_key), 0, -1)
             count, raw = p.execute()
         return int(count or 0), [FinetuneRecord.model_validate_json(r) for r in raw]

@@ -78,6 +78,12 @@ class ReplayDevice(RecordedDevice):
         return super().run_steps(step, batch_size, steps)
 
 
+def control(trainer: WarpTrainer, device: ReplayDevice, strategy, target: DeviceTarget, frequency_hz: int) -> AdaptiveControl:
+    """The cap control of a replayed run: `target`'s cap from the start, no cap changes from outside."""
+    return AdaptiveControl(device, trainer, POLICY, TABLE, strategy, CapFollower(target, lambda: None, poll_s=0.0),  # type: ignore[arg-type]
+                           target.cap_at(0), frequency_hz)  # fmt: skip
+
+
 def run_loop(records: list[FinetuneRecord], target: DeviceTarget | None = None, settings: LoopSettings | None = None,
              max_samples: int = 20_000, efficiency: dict[int, float] = TRUTH):  # fmt: skip
     target = target or DeviceTarget(device_id="d")
@@ -86,8 +92,7 @@ def run_loop(records: list[FinetuneRecord], target: DeviceTarget | None = None, 
     trainer = WarpTrainer(first.batch_size, efficiency)
     device = ReplayDevice(TABLE)
     device.set_frequency(first.frequency_hz)
-    adaptive = AdaptiveControl(device, trainer, POLICY, TABLE, strategy, CapFollower(target, lambda: None, poll_s=0.0),  # type: ignore[arg-type]
-                               target.cap_at(0), first.frequency_hz)  # fmt: skip
+    adaptive = control(trainer, device, strategy, target, first.frequency_hz)
     loop = ClosedLoop(adaptive, PRIOR, lambda: records, IDENTITY, settings)
     outcome, totals = train_to_accuracy(trainer, TARGET, 256, max_samples, 0, device, control=loop)  # type: ignore[arg-type]
     return loop, adaptive, outcome, totals, first
@@ -125,8 +130,7 @@ def test_a_record_kept_while_the_run_trains_is_evidence_from_the_next_evaluation
     first = strategy.choose(TABLE, None)
     trainer, device = WarpTrainer(first.batch_size), ReplayDevice(TABLE)
     device.set_frequency(first.frequency_hz)
-    adaptive = AdaptiveControl(device, trainer, POLICY, TABLE, strategy, CapFollower(DeviceTarget(device_id="d"), lambda: None, poll_s=0.0),  # type: ignore[arg-type]
-                               None, first.frequency_hz)  # fmt: skip
+    adaptive = control(trainer, device, strategy, DeviceTarget(device_id="d"), first.frequency_hz)
     loop = ClosedLoop(adaptive, PRIOR, records, IDENTITY)
     outcome, _ = train_to_accuracy(trainer, TARGET, 256, 20_000, 0, device, control=loop)  # type: ignore[arg-type]
     [switch] = adaptive.switches
@@ -143,8 +147,7 @@ def test_a_resumed_run_s_curve_starts_where_it_resumed() -> None:
         trainer.step()
     earlier = DeviceTotals(history=[(0, 0.0), (256, 0.06), (512, 0.12)])
     strategy = Equation4(PRIOR)
-    adaptive = AdaptiveControl(device, trainer, POLICY, TABLE, strategy, CapFollower(DeviceTarget(device_id="d"), lambda: None, poll_s=0.0),  # type: ignore[arg-type]
-                               None, 200)  # fmt: skip
+    adaptive = control(trainer, device, strategy, DeviceTarget(device_id="d"), 200)
     loop = ClosedLoop(adaptive, PRIOR, lambda: [], IDENTITY, seen=len(earlier.history))
     outcome, totals = train_to_accuracy(trainer, TARGET, 256, 20_000, 0, device, totals=earlier, control=loop)  # type: ignore[arg-type]
     [segment] = loop.finish(totals, outcome).segments
@@ -210,8 +213,7 @@ def test_the_loop_never_undoes_the_power_guard() -> None:
     first = strategy.choose(TABLE, 3.6)
     trainer, device = WarpTrainer(first.batch_size), HotDevice(TABLE)
     device.set_frequency(first.frequency_hz)
-    adaptive = AdaptiveControl(device, trainer, POLICY, TABLE, strategy, CapFollower(DeviceTarget(device_id="d", power_cap_w=3.6),  # type: ignore[arg-type]
-                               lambda: None, poll_s=0.0), 3.6, first.frequency_hz)  # fmt: skip
+    adaptive = control(trainer, device, strategy, DeviceTarget(device_id="d", power_cap_w=3.6), first.frequency_hz)
     loop = ClosedLoop(adaptive, PRIOR, lambda: records, IDENTITY)
     outcome, totals = train_to_accuracy(trainer, TARGET, 256, 20_000, 0, device, control=loop)  # type: ignore[arg-type]
     assert (first.batch_size, first.frequency_hz) == (32, 200)
@@ -243,13 +245,11 @@ def test_the_record_keeps_every_segment_with_its_curve() -> None:
 
 
 def test_reselect_switches_for_evidence_only_when_the_configuration_changes_and_waits_while_paused() -> None:
-    from edgetrain.common.training import DeviceTotals
-
     trainer, device = WarpTrainer(8), ReplayDevice(TABLE)
     device.set_frequency(200)
     target = DeviceTarget(device_id="d", power_cap_w=1.0, power_cap_schedule=[[0.0, None]])
-    adaptive = AdaptiveControl(device, trainer, POLICY, TABLE, Equation4(PRIOR), CapFollower(target, lambda: None, poll_s=0.0),  # type: ignore[arg-type]
-                               None, 200)  # fmt: skip
+    assert target.cap_at(0) is None  # the schedule's, from the start
+    adaptive = control(trainer, device, Equation4(PRIOR), target, 200)
     run = DeviceTotals()
     adaptive.reselect(run, Equation4(PRIOR), "same choice")  # b=8 at 200 Hz already
     assert adaptive.switches == []
