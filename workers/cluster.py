@@ -44,6 +44,7 @@ class EmbeddedRedis:
     write is synced, so a server killed and started again comes back with all its data."""
 
     def __init__(self, folder: Path, persistent: bool = False):
+        folder = folder.resolve()  # redis-server runs in --dir: a relative socket path would not be found
         folder.mkdir(parents=True, exist_ok=True)
         self.folder, self.persistent = folder, persistent
         self.socket = folder / "redis.sock"

@@ -8,8 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import redis
+
+from edgetrain.workers.cluster import EmbeddedRedis
 
 pytestmark = pytest.mark.e2e
 
@@ -49,3 +53,12 @@ def test_sigterm_to_the_program_stops_every_process_of_its_cluster(tmp_path) -> 
         program.kill()
         for pid in filter(alive, pids):  # what a failure left behind
             os.killpg(pid, signal.SIGKILL)
+
+
+def test_an_embedded_redis_in_a_relative_folder_starts(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # `edgetrain evaluate --workdir work` names its folder relative to here
+    server = EmbeddedRedis(Path("work") / "redis")
+    try:
+        assert redis.Redis.from_url(server.url).ping()
+    finally:
+        server.stop()
