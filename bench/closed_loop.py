@@ -49,7 +49,7 @@ from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
 from edgetrain.common.estimation import SPLIT_SEED, aggregate, pretrain
 from edgetrain.common.evaluation.compute import choose, strategies
 from edgetrain.common.evaluation.results import DeviceProfile
-from edgetrain.common.learned import FinetuneRecord, Segment, data_identity
+from edgetrain.common.learned import FinetuneRecord, Segment, data_identity, solo_batch_sizes
 from edgetrain.common.models import get_model
 from edgetrain.common.profiling import profile
 from edgetrain.common.schemas import (
@@ -143,7 +143,7 @@ def vector(model: str, weights: str, dataset: dict[str, Any], target: float, see
     return aggregate(request, outcomes)
 
 
-LOOP_VERSION = "4"  # bump when the loop's behaviour changes: cached loop runs are made again
+LOOP_VERSION = "5"  # bump when the loop's behaviour changes: cached loop runs are made again
 
 
 class _CountingTrainer:
@@ -204,7 +204,7 @@ def loop_run(name: str, model: str, weights: str, dataset: dict[str, Any], targe
         tbl = table(twin, model)
         lr = LearningRatePolicy()
         start = starting_vector(prior, records, [])
-        strategy = loop_strategy(start, Robust(prior))
+        strategy = loop_strategy(start, Robust(prior), solo_batch_sizes(records))
         first = strategy.choose(tbl, cap)
         trainer = Trainer(net, make_optimizer(net, lr, first.batch_size), first.batch_size, data.train, data.test, seed)
         device.set_frequency(first.frequency_hz)
@@ -335,8 +335,8 @@ def job_run(name: str, model: str, weights: str, dataset: dict[str, Any], target
     checked equal to a real run through the loop)."""
 
     start = starting_vector(prior, records, [])
-    first = loop_strategy(start, Robust(prior)).choose(table(twin), cap)
-    solo = {c[0] for r in records if (c := r.solo_curve()) is not None}
+    solo = solo_batch_sizes(records)
+    first = loop_strategy(start, Robust(prior), solo).choose(table(twin), cap)
     if len(solo | {first.batch_size}) >= 2:
         run = loop_run(name, model, weights, dataset, target, twin, cap, seed, prior, records, record_id)
         overhead = None

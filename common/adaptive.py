@@ -212,10 +212,11 @@ class AdaptiveControl:
         drift = max(self.guard.drift(), self.drift_seen)
         return (strategy or self.strategy).choose(self._table_for(self.cap_w), _derated(self.cap_w, drift))
 
-    def reselect(self, run: DeviceTotals, strategy: Strategy, note: str) -> None:
+    def reselect(self, run: DeviceTotals, strategy: Strategy, note: str | None) -> None:
         """Adopt `strategy` for this and every later selection (cap changes, the guard) and
-        select with it now: a switch with cause "evidence" and `note` when the configuration
-        changes. Nothing changes while paused; the next selection uses `strategy`."""
+        select with it now: a switch with cause "evidence" and `note` (default: the choice's)
+        when the configuration changes. Nothing changes while paused; the next selection uses
+        `strategy`."""
         self.strategy = strategy
         if not self.paused:
             self._select(run, "evidence", note)

@@ -33,7 +33,7 @@ from typing_extensions import override
 
 from .adaptive import AdaptiveControl
 from .devices.base import Measurement
-from .learned import DataIdentity, FinetuneRecord, Segment, learned_vector
+from .learned import DataIdentity, FinetuneRecord, Segment, learned_vector, solo_batch_sizes
 from .schemas import LearningRatePolicy, ProfileTable, RelationVector, Selection, TrainingOutcome
 from .selection import SelectionError, Strategy, feasible_set
 from .training import DeviceTotals
@@ -66,6 +66,38 @@ class Posterior(Strategy):
         return anchor.model_copy(update={"note": note})
 
 
+@dataclass(frozen=True)
+class Guarded(Strategy):
+    """`inner`'s choice, unless its gain over the largest batch at its f* (never slower than
+    Baseline 1) rests on an r_b that no run on the device's data measured: a smaller batch runs
+    when solo runs on this data (`solo`: their batch sizes) measured it and the largest, or
+    when, needing as many samples as the largest (r_b = 1, the most a smaller batch needs), it
+    is at most `tolerance` slower. Otherwise the largest batch runs: its solo curve measures it,
+    and the loop moves down when runs on this data measured a smaller batch faster."""
+
+    inner: Strategy
+    vector: RelationVector
+    solo: frozenset[int]
+    tolerance: float = 0.02
+    name: ClassVar[str] = "closed_loop"
+
+    @override
+    def choose(self, table: ProfileTable, power_cap_w: float | None) -> Selection:
+        choice = self.inner.choose(table, power_cap_w)
+        reference = max(feasible_set(self.name, table, self.vector, power_cap_w), key=lambda s: s.batch_size)
+        if choice.batch_size == reference.batch_size or {choice.batch_size, reference.batch_size} <= self.solo:
+            return choice
+        worst_s = _table_time_s(table, (choice.batch_size, choice.frequency_hz))
+        reference_s = _table_time_s(table, (reference.batch_size, reference.frequency_hz))
+        if worst_s is None or reference_s is None or worst_s <= reference_s * (1 + self.tolerance):
+            return choice
+        note = (
+            f"b={reference.batch_size} until this data measures both: b={choice.batch_size} is faster only if r_b "
+            f"{self.vector.ratio(choice.batch_size) or 0:.2f} holds here (at r_b = 1 it is {worst_s / reference_s - 1:.0%} slower)"
+        )
+        return reference.model_copy(update={"note": note})
+
+
 def measured_batch_sizes(vector: RelationVector | None) -> frozenset[int]:
     """The batch sizes whose N_b a learned vector took from runs on the device's data."""
     return frozenset(vector.provenance.measured_batch_sizes) if vector and vector.provenance else frozenset()
@@ -78,10 +110,11 @@ def starting_vector(prior: RelationVector, records: list[FinetuneRecord], simila
     return learned_vector(records, prior) or learned_vector(similar, prior, similar=True) or prior
 
 
-def loop_strategy(vector: RelationVector, fallback: Strategy, margin: float = 0.05) -> Strategy:
-    """`Posterior` on a learned vector; `fallback` (the job's strategy) on a proxy's."""
+def loop_strategy(vector: RelationVector, fallback: Strategy, solo: frozenset[int], margin: float = 0.05) -> Strategy:
+    """`Posterior` on a learned vector, `fallback` (the job's strategy) on a proxy's, `Guarded`
+    by the batch sizes `solo` runs on the data measured."""
     measured = measured_batch_sizes(vector)
-    return Posterior(vector, measured, margin) if measured else fallback
+    return Guarded(Posterior(vector, measured, margin) if measured else fallback, vector, solo)
 
 
 @dataclass(frozen=True)
@@ -216,7 +249,8 @@ class ClosedLoop:
         if posterior is None:
             return
         self.posterior = posterior
-        strategy = Posterior(posterior, measured_batch_sizes(posterior), self.settings.margin)
+        solo = solo_batch_sizes([*self.records, self.partial_record()])
+        strategy = Guarded(Posterior(posterior, measured_batch_sizes(posterior), self.settings.margin), posterior, solo)
         self.adaptive.strategy = strategy  # cap changes and the guard select with the evidence from now on
         s = self.settings
         if self._since_switch < s.min_dwell_evaluations or self.switches >= s.max_switches:
@@ -246,13 +280,18 @@ class ClosedLoop:
         self.adaptive.reselect(run, strategy, note)
 
 
+def _table_time_s(table: ProfileTable, config: tuple[int, int]) -> float | None:
+    """T[b][f] (s for the table's samples) of a configuration; None when not measured."""
+    b, f = config
+    if b not in table.batch_sizes or f not in table.frequencies_hz:
+        return None
+    return table.time_s[table.batch_sizes.index(b)][table.frequencies_hz.index(f)]
+
+
 def _estimate(table: ProfileTable, vector: RelationVector, config: tuple[int, int]) -> float | None:
     """T[b][f] * r_b (s) of a configuration under `vector`; None when either is unknown."""
-    b, f = config
-    if b not in table.batch_sizes or f not in table.frequencies_hz or (ratio := vector.ratio(b)) is None:
-        return None
-    time_s = table.time_s[table.batch_sizes.index(b)][table.frequencies_hz.index(f)]
-    return None if time_s is None else time_s * ratio
+    time_s, ratio = _table_time_s(table, config), vector.ratio(config[0])
+    return None if time_s is None or ratio is None else time_s * ratio
 
 
 def _ratios(vector: RelationVector) -> str:

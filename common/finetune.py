@@ -28,11 +28,11 @@ from typing import Protocol
 from .adaptive import AdaptiveControl, CapFollower
 from .artifacts import initial_model
 from .checkpoints import checkpoint_name, load_checkpoint, remove_checkpoints, save_checkpoint
-from .closed_loop import ClosedLoop, Posterior, RecordIdentity, loop_strategy, starting_vector
+from .closed_loop import ClosedLoop, Guarded, Posterior, RecordIdentity, loop_strategy, starting_vector
 from .datasets.loading import load_dataset
 from .devices.base import Device, Measurement
 from .jobs import CheckpointRef, EventKind, FinetuneProgress
-from .learned import DataIdentity, FinetuneRecord
+from .learned import DataIdentity, FinetuneRecord, solo_batch_sizes
 from .models import get_model
 from .payloads import FinetuneRequest
 from .planner import strategy_for
@@ -181,8 +181,9 @@ class FineTune:
         """Where the vector the run ended selecting with came from, when not the proxy."""
         vector = self.loop.posterior if self.loop and self.loop.posterior else None
         strategy = self.control.strategy if self.control else None
-        if vector is None and isinstance(strategy, Posterior):
-            vector = strategy.vector
+        inner = strategy.inner if isinstance(strategy, Guarded) else strategy
+        if vector is None and isinstance(inner, Posterior):
+            vector = inner.vector
         return vector.provenance if vector is not None else None
 
     def _closed_loop(self) -> ClosedLoop | None:
@@ -199,9 +200,8 @@ class FineTune:
         loop = ClosedLoop(control, o.vector, o.records if closed else list, identity, seen=len(self.totals.history))
         if closed:
             start = starting_vector(o.vector, loop.records, o.similar)
-            if start is not o.vector:
-                control.reselect(self.totals, loop_strategy(start, control.strategy),
-                                 f"evidence: {start.provenance.summary}" if start.provenance else "evidence")  # fmt: skip
+            strategy = loop_strategy(start, control.strategy, solo_batch_sizes(loop.records))
+            control.reselect(self.totals, strategy, f"evidence: {start.provenance.summary}" if start.provenance else None)
         return loop
 
     def _select(self) -> AdaptiveControl | None:

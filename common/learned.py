@@ -138,6 +138,11 @@ class _Envelope:
         return n0 + (l0 - loss) / (l0 - l1) * (n1 - n0)
 
 
+def solo_batch_sizes(records: list[FinetuneRecord]) -> frozenset[int]:
+    """The batch sizes of the records' solo curves: what runs on their data measured."""
+    return frozenset(c[0] for r in records if (c := r.solo_curve()) is not None)
+
+
 def warp_ratio(curve: list[tuple[int, float]], reference: list[tuple[int, float]]) -> float | None:
     """N_b / N_ref from two solo curves [(samples, test loss)] on the same data and weights: the
     median, over the test losses `curve` reaches after its first two evaluations that

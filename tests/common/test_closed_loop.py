@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from edgetrain.common.adaptive import AdaptiveControl, CapFollower
-from edgetrain.common.closed_loop import ClosedLoop, LoopSettings, Posterior, RecordIdentity, loop_strategy, starting_vector
+from edgetrain.common.closed_loop import ClosedLoop, Guarded, LoopSettings, Posterior, RecordIdentity, loop_strategy, starting_vector
 from edgetrain.common.devices.base import Measurement
-from edgetrain.common.learned import DataIdentity, FinetuneRecord, Segment, learned_vector
+from edgetrain.common.learned import DataIdentity, FinetuneRecord, Segment, learned_vector, solo_batch_sizes
 from edgetrain.common.schemas import DeviceTarget, LearningRatePolicy, ProfileTable, RelationVector
 from edgetrain.common.selection import Equation4, Robust
 from edgetrain.common.testing.devices import RecordedDevice
@@ -78,21 +78,22 @@ class ReplayDevice(RecordedDevice):
         return super().run_steps(step, batch_size, steps)
 
 
-def control(trainer: WarpTrainer, device: ReplayDevice, strategy, target: DeviceTarget, frequency_hz: int) -> AdaptiveControl:
+def control(trainer: WarpTrainer, device: ReplayDevice, strategy, target: DeviceTarget, frequency_hz: int,
+            table: ProfileTable = TABLE) -> AdaptiveControl:  # fmt: skip
     """The cap control of a replayed run: `target`'s cap from the start, no cap changes from outside."""
-    return AdaptiveControl(device, trainer, POLICY, TABLE, strategy, CapFollower(target, lambda: None, poll_s=0.0),  # type: ignore[arg-type]
+    return AdaptiveControl(device, trainer, POLICY, table, strategy, CapFollower(target, lambda: None, poll_s=0.0),  # type: ignore[arg-type]
                            target.cap_at(0), frequency_hz)  # fmt: skip
 
 
 def run_loop(records: list[FinetuneRecord], target: DeviceTarget | None = None, settings: LoopSettings | None = None,
-             max_samples: int = 20_000, efficiency: dict[int, float] = TRUTH):  # fmt: skip
+             max_samples: int = 20_000, efficiency: dict[int, float] = TRUTH, table: ProfileTable = TABLE):  # fmt: skip
     target = target or DeviceTarget(device_id="d")
-    strategy = loop_strategy(starting_vector(PRIOR, records, []), Equation4(PRIOR))
-    first = strategy.choose(TABLE, target.cap_at(0))
+    strategy = loop_strategy(starting_vector(PRIOR, records, []), Equation4(PRIOR), solo_batch_sizes(records))
+    first = strategy.choose(table, target.cap_at(0))
     trainer = WarpTrainer(first.batch_size, efficiency)
-    device = ReplayDevice(TABLE)
+    device = ReplayDevice(table)
     device.set_frequency(first.frequency_hz)
-    adaptive = control(trainer, device, strategy, target, first.frequency_hz)
+    adaptive = control(trainer, device, strategy, target, first.frequency_hz, table)
     loop = ClosedLoop(adaptive, PRIOR, lambda: records, IDENTITY, settings)
     outcome, totals = train_to_accuracy(trainer, TARGET, 256, max_samples, 0, device, control=loop)  # type: ignore[arg-type]
     return loop, adaptive, outcome, totals, first
@@ -209,7 +210,7 @@ def test_the_loop_never_undoes_the_power_guard() -> None:
     # at 3.6 W b=32 runs at 200 Hz (3.5 W in the table); the device reads 3.675 W, so the guard
     # steps down to 100 Hz and stays there; the loop, which sees b=32 as best, leaves the frequency alone
     records = [solo_record(8, "one"), solo_record(32, "two")]
-    strategy = loop_strategy(starting_vector(PRIOR, records, []), Equation4(PRIOR))
+    strategy = loop_strategy(starting_vector(PRIOR, records, []), Equation4(PRIOR), solo_batch_sizes(records))
     first = strategy.choose(TABLE, 3.6)
     trainer, device = WarpTrainer(first.batch_size), HotDevice(TABLE)
     device.set_frequency(first.frequency_hz)
@@ -229,7 +230,8 @@ def test_posterior_keeps_the_best_measured_batch_size_unless_an_unmeasured_one_w
     close = RelationVector(batch_sizes=[8, 32, 128], ratios=[0.9, 0.8, 0.72])
     kept = Posterior(close, frozenset({8, 32}), margin=0.05).choose(TABLE, None)
     assert kept.batch_size == 32 and "within 5%" in (kept.note or "")
-    assert loop_strategy(PRIOR, Robust(PRIOR)) == Robust(PRIOR)  # a proxy's vector: the job's own strategy
+    # a proxy's vector: the job's own strategy, guarded
+    assert loop_strategy(PRIOR, Robust(PRIOR), frozenset()) == Guarded(Robust(PRIOR), PRIOR, frozenset())
 
 
 def test_the_record_keeps_every_segment_with_its_curve() -> None:
@@ -260,3 +262,40 @@ def test_reselect_switches_for_evidence_only_when_the_configuration_changes_and_
     adaptive.cap_w, adaptive.paused = 1.0, "cap too low"
     adaptive.reselect(run, Equation4(PRIOR), "while paused")
     assert len(adaptive.switches) == 1 and adaptive.strategy == Equation4(PRIOR)  # adopted for the resume
+
+
+# b=8 takes 1.8 s per 1000 samples at 200 Hz, b=128 1.2 s: the prior's b=8 (1.8 x 0.6 = 1.08 s)
+# is faster only if it needs 0.6 of b=128's samples, and 50 % slower if it needs as many
+SLOW_SMALL = TABLE.model_copy(update={"time_s": [[3.6, 1.8], [2.8, 1.4], [2.4, 1.2]]})
+
+
+def test_the_guard_runs_the_largest_batch_until_the_data_measured_it() -> None:
+    choice = Guarded(Equation4(PRIOR), PRIOR, frozenset()).choose(SLOW_SMALL, None)
+    assert (choice.batch_size, choice.frequency_hz) == (128, 200)
+    assert "b=128 until this data measures both" in (choice.note or "") and "50% slower" in (choice.note or "")
+    for solo in ({8, 32}, {128}, {32, 128}):
+        assert Guarded(Equation4(PRIOR), PRIOR, frozenset(solo)).choose(SLOW_SMALL, None).batch_size == 128
+    assert Guarded(Equation4(PRIOR), PRIOR, frozenset({8, 128})).choose(SLOW_SMALL, None).batch_size == 8  # both measured
+    assert Guarded(Equation4(PRIOR), PRIOR, frozenset()).choose(TABLE, None).batch_size == 8  # at r_b = 1, 17 % faster: safe
+
+
+def test_a_first_job_on_a_wrong_proxy_is_never_slower_than_the_largest_batch() -> None:
+    # on this data every batch size needs the same samples: the proxy's r_8 = 0.6 is wrong
+    flat = {8: 1.0, 32: 1.0, 128: 1.0}
+    loop, adaptive, outcome, totals, first = run_loop([], efficiency=flat, table=SLOW_SMALL)
+    assert first.batch_size == 128 and adaptive.switches == [] and outcome.reached
+    unguarded = Equation4(PRIOR).choose(SLOW_SMALL, None)
+    trainer, device = WarpTrainer(unguarded.batch_size, flat), ReplayDevice(SLOW_SMALL)
+    device.set_frequency(unguarded.frequency_hz)
+    _, alone = train_to_accuracy(trainer, TARGET, 256, 20_000, 0, device)  # type: ignore[arg-type]
+    assert unguarded.batch_size == 8 and totals.elapsed_s < alone.elapsed_s / 1.4
+
+
+def test_from_the_largest_batch_the_loop_moves_down_when_the_data_shows_the_smaller_faster() -> None:
+    # a b=8 run on this data needed half of b=128's samples (0.9 s against 1.2 s); no run measured
+    # b=128, so the run starts there, and its own curve measures it against the b=8 record
+    efficiency = {8: 2.0, 32: 1.0, 128: 1.0}
+    loop, adaptive, outcome, *_ = run_loop([solo_record(8, "earlier", efficiency=2.0)], efficiency=efficiency, table=SLOW_SMALL)
+    [switch] = adaptive.switches
+    assert (switch.old_batch_size, switch.new_batch_size, switch.cause) == (128, 8, "evidence")
+    assert switch.samples == 4 * 256 and "b=[8, 128]" in (switch.note or "") and outcome.reached
