@@ -111,10 +111,11 @@ def starting_vector(prior: RelationVector, records: list[FinetuneRecord], simila
 
 
 def loop_strategy(vector: RelationVector, fallback: Strategy, solo: frozenset[int], margin: float = 0.05) -> Strategy:
-    """`Posterior` on a learned vector, `fallback` (the job's strategy) on a proxy's, `Guarded`
-    by the batch sizes `solo` runs on the data measured."""
-    measured = measured_batch_sizes(vector)
-    return Guarded(Posterior(vector, measured, margin) if measured else fallback, vector, solo)
+    """`Posterior` on a vector learned from records (of this data or of similar data),
+    `fallback` (the job's strategy) on a proxy's, `Guarded` by the batch sizes `solo` runs on
+    the data measured."""
+    learned = vector.provenance is not None and vector.provenance.source != "proxy"
+    return Guarded(Posterior(vector, measured_batch_sizes(vector), margin) if learned else fallback, vector, solo)
 
 
 @dataclass(frozen=True)

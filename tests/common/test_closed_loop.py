@@ -299,3 +299,13 @@ def test_from_the_largest_batch_the_loop_moves_down_when_the_data_shows_the_smal
     [switch] = adaptive.switches
     assert (switch.old_batch_size, switch.new_batch_size, switch.cause) == (128, 8, "evidence")
     assert switch.samples == 4 * 256 and "b=[8, 128]" in (switch.note or "") and outcome.reached
+
+
+def test_a_first_job_starts_from_records_of_similar_data_blended_with_the_prior() -> None:
+    # runs on similar data (another fraction) found b=32 needing a third of b=8's samples; the
+    # prior says 0.6 / 0.8: blended, b=32 is faster (1.1 s x 0.67 against 1.0 s)
+    similar = [solo_record(8, "one"), solo_record(32, "two", efficiency=3.0)]
+    start = starting_vector(PRIOR, [], similar)
+    assert start.provenance is not None and start.provenance.source == "learned"
+    choice = loop_strategy(start, Equation4(PRIOR), frozenset()).choose(TABLE, None)
+    assert choice.batch_size == 32 and Equation4(PRIOR).choose(TABLE, None).batch_size == 8
