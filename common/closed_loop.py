@@ -11,7 +11,9 @@ target's own N_b at those batch sizes relative to the running one; `learned_vect
 of it into the posterior relation vector. The records are read again at every evaluation of the
 solo segment, so a curve another device stores meanwhile (a job's other parts on the same data)
 is evidence from then on. Without such records there is no evidence and the fine-tune runs the
-prior's choice.
+prior's choice, under the guard against Baseline 1 (`Guarded`): a smaller batch whose gain over
+the largest rests on an r_b no run on this data measured runs only if it is at most 2 % slower
+than the largest batch even at r_b = 1.
 
 A decision switches only to another batch size (the frequency at a batch size follows the cap
 and the power guard), when, under the posterior, the new configuration is predicted faster

@@ -9,9 +9,11 @@ import pytest
 from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
 from edgetrain.common.finetune import Cancelled, FineTune, Options, Stopping, Superseded
 from edgetrain.common.jobs import CheckpointRef, EventKind
+from edgetrain.common.learned import DataIdentity
 from edgetrain.common.payloads import finetune_request
 from edgetrain.common.presets import quick_job
-from edgetrain.common.schemas import JobSpec, Selection
+from edgetrain.common.schemas import JobSpec, ProfileTable, RelationVector, Selection
+from edgetrain.common.selection import Robust
 from edgetrain.common.store import Written
 
 TWIN = load_twin("jetson-nano")
@@ -120,3 +122,24 @@ def test_a_checkpoint_that_cannot_be_written_is_a_warning_once_and_the_run_goes_
     warnings = [e for e in writer.events() if e[0] == EventKind.checkpoint_failed]
     assert len(warnings) == 1 and "the run goes on" in warnings[0][1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # no temporary file left behind
+
+
+def test_a_first_job_runs_the_largest_batch_where_the_proxy_alone_favours_a_slower_one(tmp_path) -> None:
+    # per sample b=32 takes 1.5x b=128's time: only the proxy's r_32 = 0.5 makes it faster; no
+    # run on this data measured either, so the recipe runs b=128 from its first step and says why
+    table = ProfileTable(batch_sizes=[32, 128], frequencies_hz=[TOP], samples=1000, time_s=[[1.5], [1.0]],
+                         peak_power_w=[[3.0], [3.0]], max_batch_size=128)  # fmt: skip
+    prior = RelationVector(batch_sizes=[32, 128], ratios=[0.5, 1.0], samples_mean=[500.0, 1000.0], samples_std=[10.0, 20.0], key="proxy")
+    assert Robust(prior).choose(table, None).batch_size == 32
+    spec = SPEC.model_copy(update={"devices": [SPEC.devices[0].model_copy(update={"power_cap_w": None})]})
+    choice = Selection(batch_size=32, frequency_hz=TOP, estimated_time_s=0.75, peak_power_w=3.0)
+    options = Options(attempt="a" * 32, artifact_dir=tmp_path, table=table, vector=prior, data=DataIdentity(name="mnist5k", fraction=0.2))
+    writer = Writer()
+    recipe = FineTune(finetune_request("j1", spec, spec.devices[0], choice, "none", "none"), SimulatedDevice(TWIN, seed=0), writer, options)
+    recipe.setup(None)
+    report = recipe.run()
+    assert [c.batch_size for c in report.configurations] == [128]
+    [switch] = [s for s in report.switches if s.cause == "evidence"]
+    assert (switch.samples, switch.old_batch_size, switch.new_batch_size) == (0, 32, 128)
+    assert "b=128 until this data measures both" in (switch.note or "") and "50% slower" in (switch.note or "")
+    assert any("b=128 until this data measures both" in text for _, text in writer.events())
