@@ -248,11 +248,12 @@ class ClosedLoop:
             self.records = self.read_records()
         if not self.records or self.adaptive.paused:
             return
-        posterior = self.posterior if solo_over else learned_vector([*self.records, self.partial_record()], self.prior)
+        evidence = [*self.records, self.partial_record()]
+        posterior = self.posterior if solo_over else learned_vector(evidence, self.prior)
         if posterior is None:
             return
         self.posterior = posterior
-        solo = solo_batch_sizes([*self.records, self.partial_record()])
+        solo = solo_batch_sizes(evidence)
         strategy = Guarded(Posterior(posterior, measured_batch_sizes(posterior), self.settings.margin), posterior, solo)
         self.adaptive.strategy = strategy  # cap changes and the guard select with the evidence from now on
         s = self.settings
