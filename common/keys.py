@@ -44,11 +44,13 @@
     <p>:job:<id>:checkpoint:<device>       CheckpointRef JSON: the fine-tune's last checkpoint
     <p>:federated                          zset of federated job ids by submit time
     <p>:federated:active                   set of federated jobs not yet finished
-    <p>:fed:<id>                           FederatedRecord JSON
-    <p>:fed:<id>:state                     FederatedState JSON: round, phase, global model
-    <p>:fed:<id>:rounds                    list of RoundRecord JSON: every round aggregated, in order
-    <p>:fed:<id>:round:<r>                 hash device -> LocalUpdate JSON: the updates of round r
-    <p>:fed:<id>:events                    list of JobEvent JSON (the newest MAX_EVENTS_KEPT)
+    <p>:fed:<id>                           FederatedRecord JSON (written by the submitter)
+    <p>:fed:<id>:cancel                    when an operator asked to cancel it (written by the submitter)
+    <p>:fedrun:<id>:state                  FederatedState JSON: round, phase, global model (workers only)
+    <p>:fedrun:<id>:rounds                 list of RoundRecord JSON: every round aggregated, in order
+    <p>:fedrun:<id>:round:<r>              hash device -> LocalUpdate JSON: the updates of round r
+    <p>:fedrun:<id>:events                 list of JobEvent JSON (the newest MAX_EVENTS_KEPT)
+    <p>:fedrun:<id>:lock                   the lock held while the job advances
     <p>:lock:job:<id>:<page>               the lock held while a page of a job advances
     <p>:set-aside:<key>:<UTC time>         a record that no longer loaded, moved from <p>:<key> as it was
     <p>:set-asides                         hash set-aside key -> SetAside JSON: where it was, why, when
@@ -256,17 +258,27 @@ class Keys:
     def federated(self, job_id: str) -> str:
         return f"{self.prefix}:fed:{checked_id(job_id, 'job_id')}"
 
+    def federated_cancel(self, job_id: str) -> str:
+        return f"{self.federated(job_id)}:cancel"
+
+    def federated_run(self, job_id: str) -> str:
+        """The prefix of what the workers write of a federated job (no submitter may)."""
+        return f"{self.prefix}:fedrun:{checked_id(job_id, 'job_id')}"
+
     def federated_state(self, job_id: str) -> str:
-        return f"{self.federated(job_id)}:state"
+        return f"{self.federated_run(job_id)}:state"
+
+    def federated_lock(self, job_id: str) -> str:
+        return f"{self.federated_run(job_id)}:lock"
 
     def federated_rounds(self, job_id: str) -> str:
-        return f"{self.federated(job_id)}:rounds"
+        return f"{self.federated_run(job_id)}:rounds"
 
     def federated_round(self, job_id: str, round_number: int) -> str:
-        return f"{self.federated(job_id)}:round:{int(round_number)}"
+        return f"{self.federated_run(job_id)}:round:{int(round_number)}"
 
     def federated_events(self, job_id: str) -> str:
-        return f"{self.federated(job_id)}:events"
+        return f"{self.federated_run(job_id)}:events"
 
     def sent_tasks(self) -> str:
         return f"{self.prefix}:sent"

@@ -1,21 +1,76 @@
-"""Whether a stored lookup table can serve a device: the reuse policy."""
+"""Whether a stored lookup table can serve a device (the reuse policy), what to do when it
+cannot (`table_need`: the one rule the job planner, the federated planner, `edgetrain
+profile` and `edgetrain evaluate` follow), and merging, checking and cutting tables."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from .schemas import DeviceInfo, ProfileTable
 
 
+@dataclass(frozen=True)
+class Reuse:
+    """The stored table serves."""
+
+    table: ProfileTable
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Profile the batch sizes `rows`: merged into the stored table (`merge`: it lacks only
+    them), or a new table; `why` says why the stored one is not reused (None: none is stored),
+    `stored_at` when the stored one was made (None: none is)."""
+
+    rows: list[int]
+    merge: bool
+    why: str | None
+    stored_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class NoTable:
+    """Producing the table failed for this job: `reason` says why."""
+
+    reason: str
+
+
+TableNeed = Reuse | Profile | NoTable
+
+
+def table_need(
+    table: ProfileTable | None, device: DeviceInfo, batch_sizes: list[int], power_cap_w: float | None, failure: str | None = None,
+    not_before: datetime | None = None, grid: bool = False,
+) -> TableNeed:  # fmt: skip
+    """What serving `batch_sizes` on `device` under `power_cap_w` (W) needs of the stored
+    `table` (None: none stored): reuse it, profile the rows it lacks (merged into it), or
+    profile anew when it cannot serve (`reuse_problem`); `NoTable` when it cannot serve and
+    producing it failed for this job (`failure`, the reason). `not_before`: a table older than
+    this is not reused (a forced profile); `grid`: a staircase table is not reused."""
+    why = "not stored" if table is None else reuse_problem(table, device, power_cap_w, not_before, grid)
+    missing = missing_batch_sizes(table, batch_sizes) if table is not None and why is None else []
+    if table is not None and why is None and not missing:
+        return Reuse(table)
+    if failure:
+        return NoTable(failure)
+    stored_at = table.created_at if table is not None else None
+    if missing:
+        return Profile(missing, merge=True, why=None, stored_at=stored_at)
+    return Profile(list(batch_sizes), merge=False, why=None if table is None else why, stored_at=stored_at)
+
+
 def reuse_problem(
-    table: ProfileTable, device: DeviceInfo, power_cap_w: float | None, not_before: datetime | None = None
+    table: ProfileTable, device: DeviceInfo, power_cap_w: float | None, not_before: datetime | None = None, grid: bool = False
 ) -> str | None:
     """Why `table` cannot serve `device` under `power_cap_w` (W), or None when it can.
 
     A table made on another control axis (locked clocks, power limits, the driver's choice) or
     by other software than the device runs now (edgetrain, torch, CUDA or JetPack versions) is
-    not reused; nor is a staircase table made for another cap, nor one
+    not reused; nor is a staircase table made for another cap (or at all, with `grid`), nor one
     older than `not_before` (a forced profile)."""
+    if grid and table.mode != "grid":
+        return "a full grid is asked for, the stored table is a staircase"
     if table.control != device.control:
         return f"made on the {table.control.value} axis, the device uses {device.control.value}"
     changed = {k: (table.produced_by.get(k), v) for k, v in device.software.items() if table.produced_by.get(k) != v}
@@ -24,7 +79,7 @@ def reuse_problem(
     if table.mode == "staircase" and table.power_cap_w != power_cap_w:
         return f"staircase table for cap {table.power_cap_w} W, not {power_cap_w} W"
     if not_before is not None and table.created_at < not_before:
-        return "the job asks to profile again (force)"
+        return "asked to profile again (force)"
     return None
 
 

@@ -19,10 +19,10 @@ from pydantic import ValidationError
 from edgetrain.common.admission import dataset_refs, spec_problems
 from edgetrain.common.datasets import USER_DATA, DatasetMissingError, locate
 from edgetrain.common.documents import nesting_problem
-from edgetrain.common.federated.records import FINAL, FederatedRecord, FederatedState, FederatedStatus
+from edgetrain.common.federated.records import FederatedRecord, FederatedState, FederatedStatus
 from edgetrain.common.federated.spec import FederatedSpec
 from edgetrain.common.ids import checked_id
-from edgetrain.common.jobs import DevicePart, EventKind, JobEvent, JobState, JobStatus, JobSummary, PartState
+from edgetrain.common.jobs import DevicePart, JobState, JobStatus, JobSummary, PartState
 from edgetrain.common.keys import (
     DEFAULT_PREFIX,
     table_id,
@@ -120,6 +120,7 @@ def datasets_missing_here(spec: JobSpec) -> list[str]:
 
 T = TypeVar("T")
 SAFE_FOR_S = 10.0  # how long a Redis found safe to submit to is not asked again (s)
+CANCEL_WAIT_S = 10.0  # how long cancelling a federated job waits for the control worker to stop it (s)
 
 
 def poll_until(check: Callable[[], T | None], timeout_s: float | None, poll_s: float, what: str) -> T:
@@ -213,9 +214,10 @@ class EdgeTrainClient:
         """A federated job's record, state, rounds (from the `rounds_from`-th; None: none) and
         newest `events` events; None when no federated job has this id."""
         f = self.store.federated
-        record, state = f.record(checked_id(job_id, "job_id")), f.state(job_id)
-        if record is None or state is None:
+        record = f.record(checked_id(job_id, "job_id"))
+        if record is None:
             return None
+        state = f.state(job_id) or FederatedState(global_weights=record.spec.weights, notice="waiting for a control worker to start it")
         rounds = f.rounds(job_id, rounds_from) if rounds_from is not None else []
         return FederatedStatus(record=record, state=state, rounds=rounds, events=f.events(job_id)[-events:] if events else [])
 
@@ -237,19 +239,28 @@ class EdgeTrainClient:
 
         return poll_until(finished, timeout_s, poll_s, f"federated job {job_id}")
 
-    def cancel_federated(self, job_id: str) -> FederatedStatus:
+    def cancel_federated(self, job_id: str, timeout_s: float = CANCEL_WAIT_S) -> FederatedStatus:
         """Stop a federated job: no round opens or aggregates after this; updates on their way
-        are discarded. JobFinished when it has finished already."""
+        are discarded. The control worker applies it; this waits up to `timeout_s` (s) for it
+        and returns the job as it is then. JobFinished when it has finished already."""
+        status = self.federated_status(job_id, events=0, rounds_from=None)
+        if status is None:
+            raise JobNotFoundError(f"no federated job {job_id}")
+        if status.finished:
+            raise JobFinished(f"federated job {job_id} has finished ({status.state.phase.value}): nothing to cancel")
+        self.store.federated.request_cancel(job_id)
+        send(self.app, TaskName.federated_advance, job_id)
 
-        def decide(state: FederatedState, _: object) -> FederatedState:
-            if state.phase in FINAL:
-                raise JobFinished(f"federated job {job_id} has finished ({state.phase}): nothing to cancel")
-            return state.model_copy(update={"phase": "cancelled", "reason": "cancelled", "assignments": [], "notice": None})
+        def settled() -> FederatedStatus | None:
+            now = self.federated_status(job_id)
+            return now if now is not None and now.finished else None
 
-        self.store.federated.change(checked_id(job_id, "job_id"), decide, JobEvent(kind=EventKind.cancelled, message="cancelled"))
-        status = self.federated_status(job_id)
-        assert status is not None
-        return status
+        try:
+            return poll_until(settled, timeout_s, 0.1, f"federated job {job_id} to stop")
+        except TimeoutError:
+            current = self.federated_status(job_id)
+            assert current is not None
+            return current
 
     def status(
         self, job_id: str, devices: list[str] | None = None, state: PartState | None = None, page: int | None = None

@@ -145,6 +145,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def _submit_federated(args: argparse.Namespace, raw: dict[str, Any]) -> int:
     """`edgetrain submit FEDERATED.json`: prints the job id; waiting, each round on stderr and
     the job at the end on stdout; exit 0 when it reached its target, 1 when not."""
+    from edgetrain.common.federated.records import Phase
     from edgetrain.tasks.client import validate_federated
 
     from .federated_output import format_federated
@@ -167,7 +168,7 @@ def _submit_federated(args: argparse.Namespace, raw: dict[str, Any]) -> int:
         note(f"edgetrain: federated job {job_id} not finished after {args.timeout:g} s (it goes on; `edgetrain status {job_id}`)")
         return ExitCode.timed_out
     print_json(status) if args.json else print(format_federated(status))
-    return ExitCode.ok if status.state.phase == "completed" else ExitCode.failed
+    return ExitCode.ok if status.state.phase == Phase.completed else ExitCode.failed
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -202,7 +203,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     try:
         if client.federated_status(args.job_id) is not None:
             cancelled = client.cancel_federated(args.job_id)
-            print_json(cancelled) if args.json else note(f"federated job {args.job_id}: cancelled; no round opens or aggregates after this")
+            if cancelled.finished:
+                done = f"federated job {args.job_id}: {cancelled.state.phase.value}; no round opens or aggregates after this"
+            else:
+                done = f"federated job {args.job_id}: cancel requested; no control worker applied it yet (is one running?)"
+            print_json(cancelled) if args.json else note(done)
             return ExitCode.ok
         status = client.cancel(args.job_id)
     except JobFinished as exc:

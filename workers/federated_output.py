@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edgetrain.common.federated.records import FederatedStatus
+from edgetrain.common.federated.records import FederatedStatus, Phase
 
 EVENTS_SHOWN = 10
 
@@ -10,7 +10,7 @@ EVENTS_SHOWN = 10
 def format_federated_jobs(jobs: list[FederatedStatus]) -> str:
     """One line per federated job, newest first."""
     return "\n".join(
-        f"{j.record.job_id}  {j.state.phase:<10} {j.record.spec.model:<18} {len(j.record.spec.devices):>4} device(s)  "
+        f"{j.record.job_id}  {j.state.phase.value:<10} {j.record.spec.model:<18} {len(j.record.spec.devices):>4} device(s)  "
         f"submitted {j.record.created_at:%Y-%m-%d %H:%M:%S}  federated, round {j.state.round}"
         + (f", global accuracy {j.state.accuracy:.4f}" if j.state.accuracy is not None else "")
         for j in jobs
@@ -23,7 +23,7 @@ def format_federated(status: FederatedStatus) -> str:
     spec, state = status.record.spec, status.state
     accuracy = "none yet" if state.accuracy is None else f"{state.accuracy:.4f}"
     lines = [
-        f"federated job {status.record.job_id}: {state.phase}, round {state.round} of at most {spec.max_rounds}; "
+        f"federated job {status.record.job_id}: {state.phase.value}, round {state.round} of at most {spec.max_rounds}; "
         f"global accuracy {accuracy} (target {spec.target_accuracy}); {len(spec.devices)} devices, {spec.local.method} local work"
     ]
     if state.reason:
@@ -41,7 +41,7 @@ def format_federated(status: FederatedStatus) -> str:
         each = "; ".join(f"{d.assignment.device_id} b={d.assignment.batch_size} x{d.assignment.local_steps} {d.device_time_s:.3f} s "
                          f"{d.energy_j:.2f} J" for d in last.devices)  # fmt: skip
         lines.append(f"  round {last.round} by device: {each}")
-    if state.phase == "training" and state.deadline_at is not None:
+    if state.phase == Phase.training and state.deadline_at is not None:
         each = ", ".join(f"{a.device_id} b={a.batch_size} f={a.frequency_hz} x{a.local_steps}" for a in state.assignments)
         lines.append(f"  round {state.round} open until {state.deadline_at:%H:%M:%S} UTC: {each}")
     if simulated:

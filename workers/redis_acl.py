@@ -5,7 +5,8 @@
   SHUTDOWN, FLUSHALL, DEBUG, MODULE, KEYS, ...).
 - `submitter`: the client (`edgetrain submit`, `status`, `fleet`, `cap`, `EdgeTrainClient`):
   writes job records (which jobs wait on which device, which no control worker took up yet),
-  federated job records (and their state, to cancel them) and the power caps set on devices;
+  federated job records (and a request to cancel one; their state, rounds and updates only
+  the workers write: it reads them) and the power caps set on devices;
   reads the fleet, the worker registry, vectors, tables, failures, pre-trained weights and
   the store's identity (to tell a reset store), and the progress of proxy runs and profiles
   (for `status`);
@@ -49,7 +50,7 @@ def role_rules(prefix: str = DEFAULT_PREFIX) -> dict[str, str]:
         "worker": f"~* &* {commands}",
         "submitter": " ".join([
             f"~{p}:job:* ~{p}:jobs %W~{p}:unplanned ~{p}:fleet:jobs:* ~{p}:fleet:cap:* ~{p}:fed:* ~{p}:federated*",
-            f"%R~{p}:fleet:* %R~{p}:vector:* %R~{p}:table:* %R~{p}:failed:*",
+            f"%R~{p}:fleet:* %R~{p}:vector:* %R~{p}:table:* %R~{p}:failed:* %R~{p}:fedrun:*",
             f"%R~{p}:worker* %R~{p}:pretrained:* %R~{p}:store %R~{p}:vector-parts:* %R~{p}:vector-progress:* %R~{p}:profiling:*",
             "%W~control %W~server",
             "~celery-task-meta-* &celery-task-meta-*",

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
-from typing import Literal
+from enum import Enum
 
 from pydantic import Field
 
@@ -13,8 +14,20 @@ from ..schemas import Strict, utc_now
 from .plan import Assignment
 from .spec import FederatedSpec
 
-Phase = Literal["starting", "training", "aggregating", "aggregated", "completed", "failed", "cancelled"]
-FINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+class Phase(str, Enum):
+    """Where a federated job is (common/federated/events.py: the transitions)."""
+
+    starting = "starting"  # before round 1
+    training = "training"  # a round is open: its devices train
+    aggregating = "aggregating"  # the round closed: the server aggregates its updates
+    aggregated = "aggregated"  # the round's global model is stored: the next one may open
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+FINAL = frozenset({Phase.completed, Phase.failed, Phase.cancelled})
 
 
 class DeviceRound(Strict):
@@ -54,6 +67,11 @@ class LocalUpdate(Strict):
     held_samples: int = Field(gt=0)
     trained: DeviceRound
 
+    def digest(self) -> str:
+        """A digest of the update: the state records it when it accepts the update, so only
+        that update is aggregated, whatever else is written beside it."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:32]
+
 
 class FederatedRecord(Strict):
     """A federated job as submitted."""
@@ -66,16 +84,18 @@ class FederatedRecord(Strict):
 class FederatedState(Strict):
     """Where a federated job is: the round and its phase, the global model (an artifact
     reference; the spec's weights before round 1) and its accuracy, the device time so far,
-    what the open round assigned and until when it waits, and the devices whose updates a
-    closed round aggregates. The rounds done are a list of their own (`FederatedStore.rounds`),
-    so the state stays the same size however long the job runs."""
+    what the open round assigned and until when it waits, the updates it accepted (device ->
+    the update's digest) and the devices whose updates a closed round aggregates. The rounds
+    done are a list of their own (`FederatedStore.rounds`), so the state stays the same size
+    however long the job runs."""
 
-    phase: Phase = "starting"
+    phase: Phase = Phase.starting
     round: int = 0
     global_weights: str
     accuracy: float | None = None
     assignments: list[Assignment] = Field(default_factory=list)
     deadline_at: datetime | None = None
+    received: dict[str, str] = Field(default_factory=dict, description="the open round's accepted updates: device -> digest")
     closed_with: list[str] = Field(default_factory=list)
     elapsed_s: float = Field(0.0, description="device time of the rounds done (s): the sum of each round's slowest update")
     empty_rounds: int = Field(0, description="rounds in a row that closed without an update")

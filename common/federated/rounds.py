@@ -1,5 +1,6 @@
-"""One federated round's work: a device's local training from the global model, FedAvg over
-the updates that arrived, and the global model's accuracy on the server's test set."""
+"""One federated round's work, the same on the workers and in the in-process simulation: a
+device's local training from the global model (`train_round`), FedAvg over the updates that
+arrived, the global model's accuracy on the server's test set, and the round's record."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from ..devices.base import Device
 from ..schemas import LearningRatePolicy
 from ..training import Trainer, evaluate, make_optimizer
 from .plan import Assignment
+from .records import DeviceRound, RoundRecord
+from .spec import FederatedSpec
 
 State = dict[str, torch.Tensor]
 
@@ -70,6 +73,32 @@ def local_train(
         state=state, steps=trainer.steps, samples=trainer.samples,
         device_time_s=measured.elapsed_s if measured else None, energy_j=measured.energy_j if measured else None,
         peak_power_w=measured.peak_power_w if measured else None, simulated=bool(measured and measured.simulated),
+    )  # fmt: skip
+
+
+def train_round(
+    spec: FederatedSpec, model: nn.Module, global_state: State, data: TensorDataset, assignment: Assignment, round_number: int,
+    device: Device,
+) -> tuple[LocalResult, DeviceRound]:  # fmt: skip
+    """A device's local work of round `round_number` as `assignment` says, from the global
+    weights, seeded by the job, the round and the device, measured on `device`."""
+    seed = round_seed(spec.seed, round_number, assignment.device_id)
+    result = local_train(model, global_state, data, assignment, spec.lr, spec.aggregation.mu, seed, device)
+    assert result.device_time_s is not None and result.energy_j is not None, "a device measures its steps"
+    trained = DeviceRound(assignment=assignment, device_time_s=result.device_time_s, energy_j=result.energy_j, samples=result.samples,
+                          simulated=result.simulated)  # fmt: skip
+    return result, trained
+
+
+def round_record(round_number: int, accuracy: float, trained: Sequence[DeviceRound], elapsed_before_s: float,
+                 assigned: Sequence[str] = ()) -> RoundRecord:  # fmt: skip
+    """The record of an aggregated round: devices train side by side, so the round lasts as
+    long as its slowest update; `assigned` devices without an update are `missing`."""
+    round_s = max((d.device_time_s for d in trained), default=0.0)
+    return RoundRecord(
+        round=round_number, accuracy=accuracy, device_time_s=round_s, elapsed_s=elapsed_before_s + round_s,
+        energy_j=sum(d.energy_j for d in trained), devices=list(trained),
+        missing=sorted(set(assigned) - {d.assignment.device_id for d in trained}),
     )  # fmt: skip
 
 

@@ -17,8 +17,8 @@ from ..schemas import LearningRatePolicy, ProfileTable, ProfilingOptions, Relati
 from ..workload import measure_workload
 from .data import device_data, num_classes, shares, test_set
 from .plan import DeviceInRound, assign, participants
-from .records import DeviceRound, RoundRecord
-from .rounds import fedavg, global_accuracy, local_train, round_seed
+from .records import RoundRecord
+from .rounds import fedavg, global_accuracy, round_record, round_seed, train_round
 from .spec import FederatedDevice, FederatedSpec
 
 VECTOR = "+vector"  # a run's method with this suffix chose every (b, f) with a relation vector
@@ -75,20 +75,15 @@ def simulate(
         taking_part = participants([d.device_id for d in spec.devices], spec.participation.fraction, spec.seed, r)
         plan = assign([_in_round(d, r, twins[d.device_id], tables, devices) for d in spec.devices if d.device_id in taking_part],
                       spec.local, vector)  # fmt: skip
-        done = []
-        updates = []
+        trained, updates = [], []
         for a in plan:
-            result = local_train(model, state, data[a.device_id], a, spec.lr, spec.aggregation.mu,
-                                 round_seed(spec.seed, r, a.device_id), devices[a.device_id])  # fmt: skip
-            assert result.device_time_s is not None and result.energy_j is not None
-            done.append(DeviceRound(assignment=a, device_time_s=result.device_time_s, energy_j=result.energy_j, samples=result.samples))
+            result, done = train_round(spec, model, state, data[a.device_id], a, r, devices[a.device_id])
+            trained.append(done)
             updates.append((result.state, float(len(data[a.device_id]))))
         state = fedavg(updates)
         accuracy = global_accuracy(model, state, test)
-        round_s = max(d.device_time_s for d in done)
-        round_j = sum(d.energy_j for d in done)
-        record = RoundRecord(round=r, accuracy=accuracy, device_time_s=round_s, elapsed_s=elapsed + round_s, energy_j=round_j, devices=done)
-        elapsed, energy = elapsed + round_s, energy + round_j
+        record = round_record(r, accuracy, trained, elapsed)
+        elapsed, energy = record.elapsed_s, energy + record.energy_j
         rounds.append(record)
         if on_round:
             on_round(record)

@@ -64,7 +64,7 @@ class Store:
         self.ledger = TaskLedger(client, keys)
         self.monitoring = Monitoring(client, keys)
         self.learned = LearnedStore(client, keys)
-        self.federated = FederatedStore(client, keys, job_retention_s)
+        self.federated = FederatedStore(client, keys, self.ledger, job_retention_s)
 
     @classmethod
     def connect(cls, url: str, prefix: str = DEFAULT_PREFIX, patient: bool = False, job_retention_s: float | None = None) -> Store:

@@ -11,8 +11,11 @@ import time
 import pytest
 
 from edgetrain.common.datasets import DatasetMissingError, locate
-from edgetrain.common.federated.records import FederatedStatus
+from edgetrain.common.federated.records import FederatedStatus, TrainRequest
+from edgetrain.common.settings import Settings
+from edgetrain.tasks.app import producer_app
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
+from edgetrain.tasks.contract import TaskName, device_queue, send
 from edgetrain.workers.cli import main
 from edgetrain.workers.cli_args import ExitCode
 from edgetrain.workers.cluster import LocalCluster
@@ -20,6 +23,7 @@ from edgetrain.workers.cluster import LocalCluster
 pytestmark = pytest.mark.e2e
 FLEET = {"nano-f": "sim:jetson-nano", "tx2-f": "sim:jetson-tx2-nx", "orin-f": "sim:jetson-agx-orin"}
 CAPS = {"nano-f": 5.0, "tx2-f": 10.0, "orin-f": 30.0}
+ENDED = ("completed", "failed", "cancelled")
 
 
 def spec(target: float = 0.8, deadline_s: float = 60.0, max_rounds: int = 12, **extra) -> dict:
@@ -139,6 +143,38 @@ def test_a_frozen_device_does_not_stall_a_round_past_its_deadline_and_its_late_u
         lines = [e.message for e in status.events if e.device_id == "tx2-f"]
         late = [m for m in lines if f"round {frozen_in}:" in m]
         assert all("discarded" in m for m in late), lines
+
+
+def test_a_training_delivered_twice_or_after_its_round_closed_leaves_the_job_training_to_its_target(cluster) -> None:
+    """A device runs its round's training twice (a frozen worker's task handed on, then both
+    copies run): the second trains nothing and the accepted update stays whole; a copy that
+    arrives after its round closed changes nothing."""
+    client, store = EdgeTrainClient(cluster.url), cluster.store()
+    app = producer_app(Settings(redis_url=cluster.url, redis_url_file=None))
+    holding = cluster.worker("device-tx2-f")
+    holding.signal(signal.SIGSTOP)  # its update keeps round 1 open while the Nano's training runs twice
+    try:
+        job_id = client.submit_federated(spec(target=0.8, max_rounds=20))
+        poll_until(lambda: (s := store.federated.state(job_id)) and s.phase == "training" or None, 120, 0.05, "round 1")
+        a = store.federated.state(job_id).assigned("nano-f")
+        request = TrainRequest(job_id=job_id, round=1, device_id="nano-f", batch_size=a.batch_size, frequency_hz=a.frequency_hz,
+                               local_steps=a.local_steps)  # fmt: skip
+        send(app, TaskName.federated_train, request, device_queue("nano-f"))  # the same training, delivered again
+
+        def both_ran() -> bool:
+            lines = [e.message for e in store.federated.events(job_id) if e.device_id == "nano-f" and e.message.startswith("round 1:")]
+            return len(lines) >= 2 or None
+
+        poll_until(both_ran, 120, 0.1, "both deliveries of the Nano's training")
+    finally:
+        holding.signal(signal.SIGCONT)
+    poll_until(lambda: (s := store.federated.state(job_id)) and (s.round >= 2 or s.phase in ENDED) or None, 180, 0.1, "round 1 aggregated")
+    send(app, TaskName.federated_train, request, device_queue("nano-f"))  # after its round closed
+    status = client.wait_federated(job_id, timeout_s=400)
+    events = [e.line() for e in status.events]
+    assert status.state.phase == "completed", (status.state.reason, events)
+    rounds_are_whole(status)
+    assert "nano-f" in {d.assignment.device_id for d in status.rounds[0].devices}, events
 
 
 def test_restarting_the_control_worker_while_a_round_is_aggregated_loses_and_repeats_nothing(cluster) -> None:

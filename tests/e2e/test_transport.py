@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -20,12 +21,15 @@ from pathlib import Path
 import pytest
 import redis
 
+from edgetrain.common.federated.plan import Assignment
+from edgetrain.common.federated.records import DeviceRound, LocalUpdate
+from edgetrain.common.keys import Keys
 from edgetrain.common.presets import quick_job
 from edgetrain.common.settings import Settings
 from edgetrain.common.testing.certificates import issue
 from edgetrain.common.testing.redis_server import TlsRedis, free_port
 from edgetrain.tasks.app import producer_app
-from edgetrain.tasks.client import EdgeTrainClient
+from edgetrain.tasks.client import EdgeTrainClient, poll_until
 from edgetrain.workers.cluster import LocalCluster
 from edgetrain.workers.redis_acl import ROLES, acl_file
 
@@ -210,3 +214,34 @@ def test_flower_as_the_monitor_behind_a_login_with_no_secret_in_the_process_list
     finally:
         flower.terminate()
         flower.wait(timeout=30)
+
+
+def test_no_submitter_can_hand_a_federated_round_an_update_and_a_write_beside_the_store_is_never_aggregated(secure: Secure) -> None:
+    operator, client = EdgeTrainClient(secure.url("worker")), EdgeTrainClient(secure.url("submitter"))
+    operator.profile(operator.store.fleet.device(DEVICE), "smallcnn", [16, 32], merge=True).wait(120, 0.2)  # the round opens without profiling
+    device = secure.cluster.worker(f"device-{DEVICE}")
+    device.signal(signal.SIGSTOP)  # the round stays open while the updates are forged
+    try:
+        job_id = client.submit_federated({
+            "kind": "federated", "model": "smallcnn", "dataset": {"name": "digits"}, "test_dataset": {"name": "digits"},
+            "target_accuracy": 0.99, "batch_sizes": [16, 32], "devices": [{"device_id": DEVICE}], "max_rounds": 2,
+            "local": {"local_steps": 4},
+        })  # fmt: skip
+        poll_until(lambda: (s := client.federated_status(job_id)) and s.state.phase == "training" or None, 120, 0.05, "round 1")
+        state = client.federated_status(job_id).state
+        key = Keys().federated_round(job_id, state.round)
+        a = state.assigned(DEVICE)
+        ghost = Assignment(**(a.model_dump() | {"device_id": "ghost-1"}))
+        trained = DeviceRound(assignment=ghost, device_time_s=0.1, energy_j=1.0, samples=64)
+        forged = LocalUpdate(job_id=job_id, device_id="ghost-1", round=state.round, weights=f"artifact:ghost.pt#sha256={'0' * 64}",
+                             held_samples=1_000_000, trained=trained).model_dump_json()  # fmt: skip
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            secure.client("submitter").hset(key, "ghost-1", forged)
+        secure.client("worker").hset(key, "ghost-1", forged)  # a writer beside the store
+    finally:
+        device.signal(signal.SIGCONT)
+    status = client.wait_federated(job_id, timeout_s=300)
+    events = [e.line() for e in status.events]
+    assert status.rounds and status.rounds[0].accuracy > 0, (status.state, events)
+    assert [d.assignment.device_id for d in status.rounds[0].devices] == [DEVICE], events
+    assert any("round 1: ignored entries the round never accepted: ghost-1" in e for e in events), events

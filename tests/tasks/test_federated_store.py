@@ -1,16 +1,30 @@
-"""A federated job's state in a real Redis: an update counts only in its open round, once, for
-a device the round assigns; closing a round fixes what it aggregates; the spec is checked
-field by field before anything is stored."""
+"""A federated job's state in a real Redis, changed only by `FederatedStore.apply`: an update
+counts only in its open round, once, for a device the round assigns; closing a round fixes
+what it aggregates; only updates the state accepted are read for aggregation, whatever else
+is written into the round's record; the spec is checked field by field before anything is
+stored."""
 
 from datetime import timedelta
 
 import pytest
 
+from edgetrain.common.federated.events import (
+    Accepted,
+    Cancelled,
+    Finished,
+    Refused,
+    RoundAggregated,
+    RoundClosed,
+    RoundOpened,
+    UpdateAccepted,
+    UpdateRefused,
+)
 from edgetrain.common.federated.plan import Assignment
-from edgetrain.common.federated.records import DeviceRound, FederatedRecord, FederatedState, LocalUpdate
+from edgetrain.common.federated.records import DeviceRound, FederatedRecord, LocalUpdate, Phase, RoundRecord
 from edgetrain.common.federated.spec import FederatedSpec
+from edgetrain.common.jobs import EventKind
 from edgetrain.common.schemas import utc_now
-from edgetrain.common.store.federated import Accepted, Refused
+from edgetrain.common.store.ledger import SentTask
 from edgetrain.tasks.client import JobSpecError, validate_federated
 
 JOB = "fed0123456ab"
@@ -23,56 +37,102 @@ def assignment(device_id: str) -> Assignment:
                       local_steps=4, expected_time_s=0.1, expected_energy_j=None, strategy="equation4")  # fmt: skip
 
 
-def update(device_id: str, round_number: int) -> LocalUpdate:
+def update(device_id: str, round_number: int, weights: str | None = None, held: int = 100) -> LocalUpdate:
     trained = DeviceRound(assignment=assignment(device_id), device_time_s=0.1, energy_j=1.0, samples=64)
-    return LocalUpdate(job_id=JOB, device_id=device_id, round=round_number, weights=f"artifact:x-{device_id}.pt#sha256={'0' * 64}",
-                       held_samples=100, trained=trained)  # fmt: skip
+    return LocalUpdate(job_id=JOB, device_id=device_id, round=round_number, weights=weights or f"artifact:x-{device_id}.pt#sha256={'0' * 64}",
+                       held_samples=held, trained=trained)  # fmt: skip
 
 
 def open_round(store, round_number: int, devices: list[str]) -> None:
-    def decide(state: FederatedState, _) -> FederatedState:
-        return state.model_copy(update={"phase": "training", "round": round_number, "assignments": [assignment(d) for d in devices],
-                                        "deadline_at": utc_now() + timedelta(seconds=60)})  # fmt: skip
+    store.federated.apply(JOB, RoundOpened(round=round_number, assignments=[assignment(d) for d in devices],
+                                           deadline_at=utc_now() + timedelta(seconds=60)))  # fmt: skip
 
-    store.federated.change(JOB, decide)
+
+def hand_in(store, u: LocalUpdate) -> Accepted:
+    try:
+        store.federated.apply(JOB, UpdateAccepted(update=u))
+        return Accepted.accepted
+    except UpdateRefused as exc:
+        return exc.outcome
 
 
 @pytest.fixture
 def job(store):
-    store.federated.create(FederatedRecord(job_id=JOB, spec=FederatedSpec.model_validate(SPEC)))
+    record = FederatedRecord(job_id=JOB, spec=FederatedSpec.model_validate(SPEC))
+    store.federated.create(record)
+    store.federated.start(record)
     return store
+
+
+def test_a_job_starts_once_with_its_submitted_event(store) -> None:
+    record = FederatedRecord(job_id=JOB, spec=FederatedSpec.model_validate(SPEC))
+    store.federated.create(record)
+    assert store.federated.state(JOB) is None and store.federated.due() == [JOB]  # not started: the reaper advances it
+    first = store.federated.start(record)
+    assert store.federated.start(record) == first and first.phase == Phase.starting
+    assert [e.kind for e in store.federated.events(JOB)] == [EventKind.submitted]
+    assert store.federated.due() == []
 
 
 def test_an_update_counts_once_and_only_in_its_open_round_for_an_assigned_device(job) -> None:
     store = job
-    assert store.federated.submit(update("a", 1)) == Accepted.late  # no round open yet
+    assert hand_in(store, update("a", 1)) == Accepted.late  # no round open yet
     open_round(store, 1, ["a"])
-    assert store.federated.submit(update("b", 1)) == Accepted.not_assigned
-    assert store.federated.submit(update("a", 1)) == Accepted.accepted
-    assert store.federated.submit(update("a", 1)) == Accepted.duplicate
-    assert store.federated.submit(update("a", 2)) == Accepted.late
-    assert list(store.federated.updates(JOB, 1)) == ["a"]
+    assert hand_in(store, update("b", 1)) == Accepted.not_assigned
+    assert hand_in(store, update("a", 1)) == Accepted.accepted
+    assert hand_in(store, update("a", 1, weights=f"artifact:y-a.pt#sha256={'1' * 64}")) == Accepted.duplicate
+    assert hand_in(store, update("a", 2)) == Accepted.late
+    accepted, ignored = store.federated.updates(JOB, store.federated.state(JOB))
+    assert list(accepted) == ["a"] and accepted["a"].weights.startswith("artifact:x-a") and ignored == []
 
 
-def test_closing_a_round_fixes_its_updates_and_refuses_those_that_come_later(job) -> None:
+def test_an_update_of_other_work_than_the_round_assigned_is_refused(job) -> None:
+    store = job
+    open_round(store, 1, ["a"])
+    other = update("a", 1)
+    other = other.model_copy(update={"trained": other.trained.model_copy(update={"assignment": assignment("a").model_copy(update={"local_steps": 400})})})
+    assert hand_in(store, other) == Accepted.not_assigned
+
+
+def test_entries_written_into_a_round_beside_apply_are_never_read_for_aggregation(job) -> None:
     store = job
     open_round(store, 1, ["a", "b"])
-    store.federated.submit(update("a", 1))
-    closed = store.federated.close_round(JOB, 1)
-    assert closed.phase == "aggregating" and closed.closed_with == ["a"]
-    assert store.federated.submit(update("b", 1)) == Accepted.late
-    assert list(store.federated.updates(JOB, 1)) == ["a"]
-    with pytest.raises(Refused):
-        store.federated.close_round(JOB, 1)
+    assert hand_in(store, update("a", 1)) == Accepted.accepted
+    key = store.keys.federated_round(JOB, 1)
+    store._redis.hset(key, "ghost-1", update("ghost-1", 1, held=1_000_000).model_dump_json())  # a device the round never assigned
+    store._redis.hset(key, "b", update("b", 1, held=1_000_000).model_dump_json())  # an assigned device, never accepted
+    store._redis.hset(key, "a", update("a", 1, weights=f"artifact:forged.pt#sha256={'2' * 64}").model_dump_json())  # replaced
+    store._redis.hset(key, "junk", "not an update")
+    state = store.federated.apply(JOB, RoundClosed(round=1)).state
+    assert state.closed_with == ["a"]  # the state's own record of what it accepted
+    accepted, ignored = store.federated.updates(JOB, state)
+    assert accepted == {} and ignored == ["a", "b", "ghost-1", "junk"]
 
 
-def test_a_job_with_a_round_past_its_deadline_is_due_for_the_reaper(job) -> None:
+def test_closing_a_round_fixes_its_updates_writes_the_aggregation_down_and_refuses_later_updates(job) -> None:
     store = job
-    open_round(store, 1, ["a"])
-    assert store.federated.due() == []
-    store.federated.change(JOB, lambda s, _: s.model_copy(update={"deadline_at": utc_now() - timedelta(seconds=1)}))
+    open_round(store, 1, ["a", "b"])
+    hand_in(store, update("a", 1))
+    aggregation = SentTask(task_id="t" * 32, task="edgetrain.federated_aggregate", queue="server", payload={"job_id": JOB, "round": 1})
+    closed = store.federated.apply(JOB, RoundClosed(round=1), [aggregation]).state
+    assert closed.phase == Phase.aggregating and closed.closed_with == ["a"]
+    assert [t.task_id for t in store.ledger.unseen_since(float("inf"), 10)] == [aggregation.task_id]
+    assert hand_in(store, update("b", 1)) == Accepted.late
+    assert list(store.federated.updates(JOB, closed)[0]) == ["a"]
+    with pytest.raises(Refused):
+        store.federated.apply(JOB, RoundClosed(round=1))
+    assert store.federated.events(JOB)[-1].message == "round 1 closed with 1 updates; no update from b by the deadline"
+
+
+def test_a_job_with_a_round_past_its_deadline_or_a_cancel_asked_for_is_due_for_the_reaper(job) -> None:
+    store = job
+    store.federated.apply(JOB, RoundOpened(round=1, assignments=[assignment("a")], deadline_at=utc_now() - timedelta(seconds=1)))
     assert store.federated.due() == [JOB]
-    store.federated.change(JOB, lambda s, _: s.model_copy(update={"phase": "cancelled"}))
+    store.federated.apply(JOB, RoundClosed(round=1))
+    assert store.federated.due() == []
+    store.federated.request_cancel(JOB)
+    assert store.federated.due() == [JOB] and store.federated.cancel_requested_at(JOB) is not None
+    store.federated.apply(JOB, Cancelled(reason="cancelled"))
     assert store.federated.due() == [] and store.federated.active() == []
 
 
@@ -91,22 +151,31 @@ def test_a_malformed_federated_spec_is_refused_naming_every_bad_field() -> None:
 
 
 def test_a_round_is_aggregated_once_into_the_rounds_list_and_the_state_stays_small(job) -> None:
-    from edgetrain.common.federated.records import RoundRecord
-    from edgetrain.common.jobs import EventKind, JobEvent
-
     store = job
     open_round(store, 1, ["a", "b"])
-    store.federated.submit(update("a", 1))
-    store.federated.close_round(JOB, 1)
+    hand_in(store, update("a", 1))
+    store.federated.apply(JOB, RoundClosed(round=1))
     done = RoundRecord(round=1, accuracy=0.5, device_time_s=0.1, elapsed_s=0.1, energy_j=1.0, devices=[update("a", 1).trained],
                        missing=["b"])  # fmt: skip
-    event = JobEvent(kind=EventKind.federated_round, message="round 1 aggregated")
-    state = store.federated.aggregated(JOB, done, "artifact:g.pt#sha256=" + "1" * 64, event)
-    assert (state.phase, state.accuracy, state.elapsed_s, state.empty_rounds) == ("aggregated", 0.5, 0.1, 0)
+    state = store.federated.apply(JOB, RoundAggregated(record=done, weights="artifact:g.pt#sha256=" + "1" * 64)).state
+    assert (state.phase, state.accuracy, state.elapsed_s, state.empty_rounds, state.received) == (Phase.aggregated, 0.5, 0.1, 0, {})
     with pytest.raises(Refused):  # a second aggregation of the round changes nothing
-        store.federated.aggregated(JOB, done, "artifact:h.pt#sha256=" + "2" * 64, event)
+        store.federated.apply(JOB, RoundAggregated(record=done, weights="artifact:h.pt#sha256=" + "2" * 64))
     assert store.federated.rounds(JOB) == [done] and store.federated.state(JOB).global_weights.startswith("artifact:g.pt")
+    assert not store._redis.exists(store.keys.federated_round(JOB, 1))  # the round's updates went with it
     assert "rounds" not in store.federated.state(JOB).model_dump()
+
+
+def test_a_failed_aggregation_fails_the_job_only_while_its_round_is_being_aggregated(job) -> None:
+    store = job
+    open_round(store, 1, ["a"])
+    hand_in(store, update("a", 1))
+    store.federated.apply(JOB, RoundClosed(round=1))
+    done = RoundRecord(round=1, accuracy=0.5, device_time_s=0.1, elapsed_s=0.1, energy_j=1.0, devices=[update("a", 1).trained])
+    store.federated.apply(JOB, RoundAggregated(record=done, weights="artifact:g.pt#sha256=" + "1" * 64))
+    with pytest.raises(Refused, match="not being aggregated"):  # another run aggregated it meanwhile
+        store.federated.apply(JOB, Finished(phase=Phase.failed, reason="round 1: aggregation failed", aggregating=1))
+    assert store.federated.state(JOB).phase == Phase.aggregated
 
 
 def test_a_finished_federated_job_expires_after_the_retention(redis_server) -> None:
@@ -114,8 +183,12 @@ def test_a_finished_federated_job_expires_after_the_retention(redis_server) -> N
 
     store = Store.connect(redis_server.url, job_retention_s=3600)
     store.clear()
-    store.federated.create(FederatedRecord(job_id=JOB, spec=FederatedSpec.model_validate(SPEC)))
+    record = FederatedRecord(job_id=JOB, spec=FederatedSpec.model_validate(SPEC))
+    store.federated.create(record)
+    store.federated.start(record)
     assert store._redis.ttl(store.keys.federated_state(JOB)) == -1
-    store.federated.change(JOB, lambda s, _: s.model_copy(update={"phase": "completed"}))
+    store.federated.apply(JOB, Finished(phase=Phase.completed, reason="reached"))
     assert 3500 < store._redis.ttl(store.keys.federated_state(JOB)) <= 3600
     assert 3500 < store._redis.ttl(store.keys.federated(JOB)) <= 3600
+    with pytest.raises(Refused, match="finished"):
+        store.federated.apply(JOB, Cancelled(reason="cancelled"))

@@ -1,0 +1,57 @@
+"""What a planner asks the workers to do besides changing state: typed effects, carried out by
+the task that applied the planner's event (tasks/workflow.py, tasks/federated.py), only when
+the event applied. A planner stays a pure function: it names the effect, the task sends it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from .federated.records import AggregateRequest, TrainRequest
+from .payloads import FinetuneRequest, ProfileRequest
+from .schemas import EstimationRequest
+
+
+@dataclass(frozen=True)
+class ClaimAndProfile:
+    """Claim the production of table `table_id` for the job and, when the claim is won, send
+    `request` to its device (the owner becomes the claim's token); else wait for the holder.
+    `stored_at`: when the stored table the planner saw was made (None: none was stored)."""
+
+    table_id: str
+    request: ProfileRequest
+    stored_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ClaimAndEstimate:
+    """Claim the relation vector `vector_key` for the job and, when won, send its estimation."""
+
+    vector_key: str
+    request: EstimationRequest
+
+
+@dataclass(frozen=True)
+class SendFineTune:
+    """Send the fine-tune of a part as task `token` to its device (the part records the token)."""
+
+    token: str
+    request: FinetuneRequest
+
+
+@dataclass(frozen=True)
+class SendTrain:
+    """Send a device its local training of a federated round."""
+
+    request: TrainRequest
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """Aggregate a closed round on the server pool; written in the ledger of sent tasks with
+    the change that closed the round, so it is sent again until it has run."""
+
+    request: AggregateRequest
+
+
+Effect = ClaimAndProfile | ClaimAndEstimate | SendFineTune | SendTrain | Aggregate

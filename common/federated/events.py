@@ -1,0 +1,214 @@
+"""A federated job's transitions: typed events in, one pure function deciding the change.
+
+The control worker's round planner (common/federated/planner.py), the device training a round
+and the server aggregating it report what happens as events; `transition(state, event, now)`
+returns the state after the event with a line for the job's log, or raises `Refused` saying
+why the event does not apply. `FederatedStore.apply` runs it inside one Redis transaction
+with what follows from the change (an accepted update stored, the aggregation written in the
+ledger of sent tasks, a round appended); nothing else writes a federated job's state.
+
+    starting | aggregated
+        --RoundOpened-->      training       the next round: its devices, (b, f) and local work
+    training
+        --UpdateAccepted-->   training       an update of a device the round assigns, as assigned, once
+        --RoundClosed-->      aggregating    every update is in, or the round's deadline passed
+    aggregating
+        --RoundAggregated-->  aggregated     the new global model and its accuracy
+    any phase but a final one
+        --Waiting-->          same phase     a notice for status (None clears it)
+        --Finished-->         completed | failed
+        --Cancelled-->        cancelled
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from ..jobs import EventKind
+from ..schemas import Strict
+from .plan import Assignment
+from .records import FINAL, FederatedState, LocalUpdate, Phase, RoundRecord
+
+
+class Accepted(str, Enum):
+    """What became of a device's update."""
+
+    accepted = "accepted"
+    late = "late"  # its round closed (or the job finished): discarded
+    duplicate = "duplicate"  # the device's update of that round is already in
+    not_assigned = "not_assigned"  # the round does not assign the device, or not that work (a forged or stale task)
+
+
+class Refused(ValueError):
+    """The event does not apply to the job as it is; the message says why."""
+
+
+class UpdateRefused(Refused):
+    """An update the round does not take; `outcome` says why (late, duplicate, not assigned)."""
+
+    def __init__(self, outcome: Accepted, message: str):
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class _Event(Strict):
+    pass
+
+
+class Waiting(_Event):
+    """The job waits; `notice` says on what (None clears it)."""
+
+    kind: Literal["waiting"] = "waiting"
+    notice: str | None
+
+
+class RoundOpened(_Event):
+    """Round `round` opens with these assignments, until `deadline_at`."""
+
+    kind: Literal["round_opened"] = "round_opened"
+    round: int = Field(ge=1)
+    assignments: list[Assignment] = Field(min_length=1)
+    deadline_at: datetime
+
+
+class UpdateAccepted(_Event):
+    """A device handed in its update of the open round."""
+
+    kind: Literal["update"] = "update"
+    update: LocalUpdate
+
+
+class RoundClosed(_Event):
+    """The open round `round` closes with the updates accepted so far."""
+
+    kind: Literal["round_closed"] = "round_closed"
+    round: int = Field(ge=1)
+
+
+class RoundAggregated(_Event):
+    """The closed round is aggregated: the new global model (`weights`) and its round record."""
+
+    kind: Literal["round_aggregated"] = "round_aggregated"
+    record: RoundRecord
+    weights: str
+
+
+class Finished(_Event):
+    """The job ends: it reached its target, or cannot go on (`reason` says which)."""
+
+    kind: Literal["finished"] = "finished"
+    phase: Literal[Phase.completed, Phase.failed]
+    reason: str
+    aggregating: int | None = Field(None, description="applies only while this round is being aggregated (its aggregation failed)")
+
+
+class Cancelled(_Event):
+    """An operator stopped the job: no round opens or aggregates after this."""
+
+    kind: Literal["cancelled"] = "cancelled"
+    reason: str
+
+
+FederatedEvent = Annotated[
+    Waiting | RoundOpened | UpdateAccepted | RoundClosed | RoundAggregated | Finished | Cancelled, Field(discriminator="kind")
+]
+
+
+class Change(Strict):
+    """What an event does: the state after it, and the line it adds to the job's log (if any)."""
+
+    state: FederatedState
+    kind: EventKind | None = None
+    message: str | None = None
+    device_id: str | None = None
+
+
+def transition(state: FederatedState, event: FederatedEvent, now: datetime) -> Change:
+    """The state after `event` (see the module docstring); Refused when it does not apply."""
+    if state.phase in FINAL:
+        if isinstance(event, UpdateAccepted):
+            raise UpdateRefused(Accepted.late, f"the job has finished ({state.phase.value})")
+        raise Refused(f"the job has finished ({state.phase.value}): {type(event).__name__} does not apply")
+    if isinstance(event, Waiting):
+        return _change(state, now, {"notice": event.notice})
+    if isinstance(event, Finished):
+        if event.aggregating is not None and (state.phase, state.round) != (Phase.aggregating, event.aggregating):
+            raise Refused(f"round {event.aggregating} is not being aggregated (round {state.round}, {state.phase.value})")
+        kind = EventKind.completed if event.phase == Phase.completed else EventKind.failed
+        return _change(state, now, _ended(event.phase, event.reason), kind, event.reason)
+    if isinstance(event, Cancelled):
+        return _change(state, now, _ended(Phase.cancelled, event.reason), EventKind.cancelled, event.reason)
+    if isinstance(event, RoundOpened):
+        _expect(state, event, Phase.starting, Phase.aggregated)
+        if event.round != state.round + 1:
+            raise Refused(f"round {event.round} does not follow round {state.round}")
+        changes = {"phase": Phase.training, "round": event.round, "assignments": event.assignments, "deadline_at": event.deadline_at,
+                   "received": {}, "closed_with": [], "notice": None}  # fmt: skip
+        return _change(state, now, changes, EventKind.federated_round, opened_message(event.round, event.assignments))
+    if isinstance(event, UpdateAccepted):
+        return _accepted(state, event.update, now)
+    if isinstance(event, RoundClosed):
+        _expect(state, event, Phase.training)
+        if event.round != state.round:
+            raise Refused(f"round {event.round} is not open (round {state.round})")
+        closed_with = sorted(state.received)
+        late = sorted({a.device_id for a in state.assignments} - set(closed_with))
+        note = f"; no update from {', '.join(late)} by the deadline" if late else ""
+        changes = {"phase": Phase.aggregating, "closed_with": closed_with, "deadline_at": None}
+        return _change(state, now, changes, EventKind.federated_round, f"round {event.round} closed with {len(closed_with)} updates{note}")
+    _expect(state, event, Phase.aggregating)
+    done = event.record
+    if done.round != state.round:
+        raise Refused(f"round {done.round} is not the round being aggregated ({state.round})")
+    changes = {
+        "phase": Phase.aggregated, "global_weights": event.weights, "accuracy": done.accuracy, "elapsed_s": done.elapsed_s,
+        "empty_rounds": 0 if done.devices else state.empty_rounds + 1, "assignments": [], "received": {}, "closed_with": [],
+    }  # fmt: skip
+    message = f"round {done.round} aggregated {len(done.devices)} updates: global accuracy {done.accuracy:.4f}"
+    return _change(state, now, changes, EventKind.federated_round, message)
+
+
+def _accepted(state: FederatedState, update: LocalUpdate, now: datetime) -> Change:
+    """An update joins the open round: only its own round, a device the round assigns, the work
+    it assigned, and once."""
+    if state.phase != Phase.training or update.round != state.round:
+        raise UpdateRefused(Accepted.late, f"round {update.round} is not open (round {state.round}, {state.phase.value})")
+    assigned = state.assigned(update.device_id)
+    if assigned is None or assigned != update.trained.assignment:
+        raise UpdateRefused(Accepted.not_assigned, f"round {update.round} does not assign {update.device_id} this work")
+    if update.device_id in state.received:
+        raise UpdateRefused(Accepted.duplicate, f"the update of {update.device_id} in round {update.round} is in already")
+    t = update.trained
+    sim = " (SIMULATED)" if t.simulated else ""
+    message = f"round {update.round}: update in, {t.samples} samples, {t.device_time_s:.2f} s, {t.energy_j:.1f} J{sim}"
+    change = _change(state, now, {"received": {**state.received, update.device_id: update.digest()}}, EventKind.federated_update, message)
+    return change.model_copy(update={"device_id": update.device_id})
+
+
+def opened_message(round_number: int, plan: list[Assignment]) -> str:
+    """The log line of an opened round: each device's (b, f) and local steps."""
+    each = ", ".join(f"{a.device_id} b={a.batch_size} f={a.frequency_hz / 1e6:g} MHz x{a.local_steps}" for a in plan)
+    return f"round {round_number} opened: {each}"
+
+
+def _ended(phase: Phase, reason: str) -> dict[str, object]:
+    return {"phase": phase, "reason": reason, "assignments": [], "received": {}, "deadline_at": None, "notice": None}
+
+
+def _expect(state: FederatedState, event: _Event, *phases: Phase) -> None:
+    if state.phase not in phases:
+        allowed = ", ".join(p.value for p in phases)
+        raise Refused(f"the job is {state.phase.value}: {type(event).__name__} applies only when it is {allowed}")
+
+
+def _change(state: FederatedState, now: datetime, changes: dict[str, object], kind: EventKind | None = None,
+            message: str | None = None) -> Change:  # fmt: skip
+    """The state with `changes` (validated) and the log line; the state itself when nothing changes."""
+    updated = FederatedState.model_validate({**state.model_dump(), **changes, "updated_at": state.updated_at})
+    if updated == state:
+        return Change(state=state)
+    return Change(state=updated.model_copy(update={"updated_at": now}), kind=kind if message else None, message=message)

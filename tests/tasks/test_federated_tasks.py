@@ -1,0 +1,120 @@
+"""The three federated tasks in this process against a real Redis, with a simulated Jetson Nano
+bound as the device: a round opened and sent, each device's local training handed in (once: a
+second delivery trains nothing and leaves the accepted update whole), the round closed with
+its aggregation written down, aggregated into a new global model, and the next round opened."""
+
+import pytest
+import redis
+
+from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
+from edgetrain.common.federated.events import Accepted
+from edgetrain.common.federated.records import AggregateRequest, FederatedRecord, Phase, TrainRequest
+from edgetrain.common.federated.simulate import twin_table
+from edgetrain.common.federated.spec import FederatedSpec
+from edgetrain.common.keys import table_id, table_resource
+from edgetrain.common.models import get_model
+from edgetrain.common.security import artifact_path
+from edgetrain.common.settings import Settings
+from edgetrain.common.testing.broker import queued_tasks
+from edgetrain.tasks import context
+from edgetrain.tasks.contract import SERVER_QUEUE, TaskName, device_queue
+from edgetrain.tasks.federated import federated_advance
+from edgetrain.tasks.federated_work import federated_aggregate, federated_train
+from edgetrain.workers.device_worker import device_info
+
+JOB = "fedtask0001a"
+TWIN = "jetson-nano"
+SPEC = FederatedSpec.model_validate({
+    "kind": "federated", "model": "smallcnn", "dataset": {"name": "digits"}, "test_dataset": {"name": "digits"}, "target_accuracy": 0.99,
+    "batch_sizes": [16, 32], "devices": [{"device_id": "a", "power_cap_w": 5.0}, {"device_id": "b"}], "local": {"local_steps": 3},
+    "max_rounds": 3,
+})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def table():
+    return twin_table(TWIN, SPEC)
+
+
+@pytest.fixture
+def s(redis_server, tmp_path, table):
+    broker = redis.Redis.from_url(redis_server.url)
+    broker.flushdb()
+    store = context.init(Settings(redis_url=redis_server.url, artifact_dir=tmp_path / "artifacts"),
+                         ("edgetrain.tasks.federated", "edgetrain.tasks.federated_work"))  # fmt: skip
+    for d in ("a", "b"):
+        store.fleet.register(device_info(d, SimulatedDevice(load_twin(TWIN))), ttl_s=60, instance="test")
+    store.federated.create(FederatedRecord(job_id=JOB, spec=SPEC))
+    store.broker = broker
+    return store
+
+
+def bind(device_id: str) -> None:
+    context.bind_device(device_id, SimulatedDevice(load_twin(TWIN), seed=1))
+
+
+def train_requests(s) -> dict[str, TrainRequest]:
+    tasks = [t for d in ("a", "b") for t in queued_tasks(s.broker, device_queue(d))]
+    assert all(t.name == TaskName.federated_train.value for t in tasks)
+    return {(r := TrainRequest.model_validate(t.args[0])).device_id: r for t in tasks}
+
+
+def test_a_round_opens_trains_once_per_device_closes_aggregates_and_the_next_opens(s, table) -> None:
+    s.resources.put_table(table)
+    assert federated_advance(JOB) == Phase.training.value
+    requests = train_requests(s)
+    assert sorted(requests) == ["a", "b"] and {r.round for r in requests.values()} == {1}
+    assert federated_advance(JOB) == Phase.training.value and len(train_requests(s)) == 2  # again: nothing new sent
+
+    bind("a")
+    assert federated_train(requests["a"]) == Accepted.accepted.value
+    accepted, _ = s.federated.updates(JOB, s.federated.state(JOB))
+    weights = accepted["a"].weights
+    assert federated_train(requests["a"]) == Accepted.duplicate.value  # delivered again: nothing trains, nothing is removed
+    assert artifact_path(weights, context.settings().artifact_dir)[0].is_file()
+    forged = requests["a"].model_copy(update={"local_steps": 300})
+    assert federated_train(forged) == Accepted.not_assigned.value
+    lines = [e.message for e in s.federated.events(JOB) if e.device_id == "a"]
+    assert lines[-2:] == ["round 1: its training was delivered again; the update is in already",
+                          f"refused: round 1 does not assign a b={forged.batch_size} f={forged.frequency_hz} x300"]  # fmt: skip
+
+    bind("b")
+    assert federated_train(requests["b"]) == Accepted.accepted.value
+    assert federated_advance(JOB) == Phase.aggregating.value
+    (aggregate,) = queued_tasks(s.broker, SERVER_QUEUE)
+    assert aggregate.name == TaskName.federated_aggregate.value
+    assert [t.task_id for t in s.ledger.unseen_since(float("inf"), 10)] == [aggregate.id]  # written down with the close
+
+    accuracy = federated_aggregate(AggregateRequest(job_id=JOB, round=1))
+    state = s.federated.state(JOB)
+    assert state.phase == Phase.aggregated and state.accuracy == accuracy and state.global_weights.startswith("artifact:fed-")
+    (done,) = s.federated.rounds(JOB)
+    assert sorted(d.assignment.device_id for d in done.devices) == ["a", "b"] and done.missing == []
+    assert not artifact_path(weights, context.settings().artifact_dir)[0].exists()  # the updates' files are gone with the round
+    assert federated_aggregate(AggregateRequest(job_id=JOB, round=1)) is None  # aggregated once
+
+    bind("a")
+    assert federated_train(requests["a"]) == Accepted.late.value  # its round closed
+    assert federated_advance(JOB) == Phase.training.value and s.federated.state(JOB).round == 2
+
+
+def test_a_profile_that_failed_for_the_job_fails_it_instead_of_being_claimed_again(s, table) -> None:
+    assert federated_advance(JOB) == Phase.starting.value  # no table: waits for it
+    (profile,) = queued_tasks(s.broker, device_queue("a"))
+    assert profile.name == TaskName.profile_device.value
+    assert s.federated.state(JOB).notice == f"waiting for the lookup tables of {TWIN}"
+    resource = table_resource(table_id(TWIN, SPEC.model, get_model(SPEC.model).input_shape))
+    s.coordination.fail(resource, "profiling failed: the board overheated", [JOB])
+    assert federated_advance(JOB) == Phase.failed.value
+    assert s.federated.state(JOB).reason == f"no lookup table: {TWIN}: profiling failed: the board overheated"
+    assert len(queued_tasks(s.broker, device_queue("a"))) == 1  # not claimed again
+
+
+def test_a_cancel_asked_for_is_applied_by_the_next_advance(s, table) -> None:
+    s.resources.put_table(table)
+    federated_advance(JOB)
+    s.federated.request_cancel(JOB)
+    assert federated_advance(JOB) == Phase.cancelled.value
+    bind("a")
+    assert federated_train(train_requests(s)["a"]) == Accepted.late.value
+    assert s.federated.active() == []
