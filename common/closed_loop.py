@@ -136,7 +136,7 @@ class LoopSettings:
 
 
 @dataclass
-class Decision:
+class EvidenceSwitch:
     """A switch for evidence, after `samples` at `device_time_s` (s): from the running (b, f)
     to the chosen one, with what the posterior predicts for each (T * r_b, s) and the note
     that says why (also the ConfigSwitch's)."""
@@ -162,19 +162,19 @@ class ClosedLoop:
     `adaptive.reselect` when the evidence says so. `records` reads the fine-tunes on the same
     data kept so far (read now and at each evaluation until the solo segment ends; `records`
     holds the last read); `identity` fills the record this run leaves (`record()`);
-    `on_decision` sees every Decision (also kept in `decisions`); `seen`: the evaluations of
+    `on_decision` sees every EvidenceSwitch (also kept in `decisions`); `seen`: the evaluations of
     earlier attempts in a resumed run's history, which are not this attempt's curve (its
     evidence starts afresh)."""
 
     def __init__(self, adaptive: AdaptiveControl, prior: RelationVector, records: Callable[[], list[FinetuneRecord]],
                  identity: RecordIdentity, settings: LoopSettings | None = None,
-                 on_decision: Callable[[Decision], None] | None = None, seen: int = 0):  # fmt: skip
+                 on_decision: Callable[[EvidenceSwitch], None] | None = None, seen: int = 0):  # fmt: skip
         self.adaptive, self.prior, self.identity = adaptive, prior, identity
         self.read_records = records
         self.records = records()
         self.settings = settings or LoopSettings()
         self.on_decision = on_decision
-        self.decisions: list[Decision] = []
+        self.decisions: list[EvidenceSwitch] = []
         self.posterior: RelationVector | None = None
         self._curve = _Curve()
         self._seen = seen  # evaluations seen
@@ -273,7 +273,7 @@ class ClosedLoop:
             f"evidence: r_b on this data {_ratios(posterior)} (N_b measured at b={sorted(measured_batch_sizes(posterior))}); "
             f"b={choice.batch_size} predicted {running_s / choice.estimated_time_s - 1:.0%} faster than b={running[0]}"
         )
-        decision = Decision(
+        decision = EvidenceSwitch(
             samples=self.adaptive.trainer.samples, device_time_s=run.elapsed_s, running=running,
             choice=(choice.batch_size, choice.frequency_hz), running_estimate_s=running_s,
             choice_estimate_s=choice.estimated_time_s, note=note,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .federated.records import AggregateRequest, TrainRequest
+from .jobs import EventKind
 from .payloads import FinetuneRequest, ProfileRequest
 from .schemas import EstimationRequest
 
@@ -54,4 +55,23 @@ class Aggregate:
     request: AggregateRequest
 
 
-Effect = ClaimAndProfile | ClaimAndEstimate | SendFineTune | SendTrain | Aggregate
+@dataclass(frozen=True)
+class ReleaseTableClaim:
+    """Free the claim on table `table_id` if the job holds it (its device went missing, so the
+    profile cannot happen there now), and wake the jobs waiting on it."""
+
+    table_id: str
+
+
+@dataclass(frozen=True)
+class Note:
+    """A line for the job's log that changes nothing, written once under the name `once` (a job
+    plans a part many times)."""
+
+    once: str
+    kind: EventKind
+    message: str
+    device_id: str | None = None
+
+
+Effect = ClaimAndProfile | ClaimAndEstimate | SendFineTune | SendTrain | Aggregate | ReleaseTableClaim | Note

@@ -35,7 +35,6 @@ from .jobs import CheckpointRef, EventKind, FinetuneProgress
 from .learned import DataIdentity, FinetuneRecord, solo_batch_sizes
 from .models import get_model
 from .payloads import FinetuneRequest
-from .planner import strategy_for
 from .schemas import (
     ConfigSwitch,
     ConfigurationRun,
@@ -46,6 +45,7 @@ from .schemas import (
     RunReport,
     VectorProvenance,
 )
+from .selection import strategy_for
 from .store.jobs import Written
 from .training import DeviceTotals, Trainer, make_optimizer, set_batch_size, train_to_accuracy
 from .workload import measure_workload
@@ -73,7 +73,7 @@ class Stop(Exception):
         self.samples, self.reason = samples, reason
 
 
-class Cancelled(Stop):
+class CancelledRun(Stop):
     """The job was cancelled: the run checkpointed and stopped."""
 
 
@@ -213,7 +213,7 @@ class FineTune:
             return None
         assert self.trainer is not None
         return AdaptiveControl(
-            self.device, self.trainer, r.lr, o.table, strategy_for(r.objective, r.target, o.vector),
+            self.device, self.trainer, r.lr, o.table, strategy_for(r.objective, o.vector, r.target.configuration),
             CapFollower(r.target, o.device_cap), r.target.cap_at(0.0), r.frequency_hz,
             on_switch=self._switched, while_paused=self._check,
         )  # fmt: skip
@@ -307,7 +307,7 @@ class FineTune:
             if self.totals.history:  # kept, so that a re-queued part continues from here
                 self._checkpoint(self.totals, final=True)
             if written == Written.cancel:
-                raise Cancelled(samples, f"cancelled after {samples} samples; the device's settings were restored")
+                raise CancelledRun(samples, f"cancelled after {samples} samples; the device's settings were restored")
             raise Stopping(samples, f"{stopping} after {samples} samples")
 
 

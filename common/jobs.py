@@ -30,6 +30,10 @@ class PartState(str, Enum):
 TERMINAL = frozenset({PartState.completed, PartState.failed, PartState.cancelled})
 
 
+class Refused(ValueError):
+    """An event that does not apply to a job's part or federated state as it is; the message says why."""
+
+
 class Dispatch(Strict):
     """The fine-tune the control worker sent for a part: its token (the Celery task id) and the
     request, so a device runs only what was dispatched and a lost message can be sent again."""

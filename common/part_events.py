@@ -40,14 +40,10 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from .control_axis import ControlAxis
-from .jobs import TERMINAL, Attempt, DevicePart, Dispatch, EventKind, PartState
+from .jobs import TERMINAL, Attempt, DevicePart, Dispatch, EventKind, PartState, Refused
 from .payloads import FinetuneRequest
 from .reports import completed_message
 from .schemas import RunReport, Selection, Strict
-
-
-class Refused(ValueError):
-    """The event does not apply to the part as it is; the message says why."""
 
 
 class ReportMismatch(Refused):

@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from typing_extensions import override
 
-from .schemas import ProfileTable, RelationVector, Selection
+from .schemas import FixedConfiguration, Objective, ProfileTable, RelationVector, Selection
 
 
 class SelectionError(ValueError):
@@ -402,3 +402,26 @@ class Fixed(Strategy):
             peak = "an unmeasured peak power" if power_w is None else f"a peak power of {power_w:.2f} W"
             raise SelectionError(f"{where}: {peak} in the lookup table, over the power cap of {power_cap_w:g} W")
         return _selection(self.name, table, self.vector, i, j)
+
+
+def strategy_for(
+    objective: Objective | str, vector: RelationVector, fixed: FixedConfiguration | None = None,
+    power_envelope_w: list[float] | None = None,
+) -> Strategy:  # fmt: skip
+    """The one place a job or a round names its selection: `fixed` (a configuration the job
+    names) when given; else a job's `objective` (time: edgetrain's robust equation (4); energy;
+    zeus's cost; time within an energy budget), or a federated round's method (`baseline1`: the
+    largest batch at the cap's model-agnostic frequency, from `power_envelope_w`; `equation4` or
+    `edgetrain`: equation (4))."""
+    if fixed is not None:
+        return Fixed(vector, fixed.batch_size, fixed.frequency_hz)
+    if isinstance(objective, str):
+        return Baseline1(vector, power_envelope_w) if objective == "baseline1" else Equation4(vector)
+    if objective.name == "energy":
+        return Energy(vector)
+    if objective.name == "zeus":
+        return ZeusCost(vector, objective.eta)
+    if objective.name == "time_within_energy_budget":
+        assert objective.energy_budget_j is not None, "the spec requires the budget with this objective"
+        return TimeWithinEnergyBudget(vector, objective.energy_budget_j)
+    return Robust(vector)

@@ -21,7 +21,7 @@ from celery.utils.log import get_task_logger
 from redis import RedisError
 
 from edgetrain.common.checkpoints import remove_checkpoints
-from edgetrain.common.finetune import Cancelled, FineTune, Options, Stopping, Superseded
+from edgetrain.common.finetune import CancelledRun, FineTune, Options, Stopping, Superseded
 from edgetrain.common.jobs import CheckpointRef, EventKind, FinetuneProgress, PartState
 from edgetrain.common.keys import learned_key, similar_key, table_id
 from edgetrain.common.learned import FinetuneRecord, data_identity
@@ -128,7 +128,7 @@ def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
     except Superseded as stop:
         logger.warning("finetune %s/%s: %s", job_id, device_id, stop.reason)
         return None
-    except Cancelled as stop:
+    except CancelledRun as stop:
         _end(job_id, device_id, AttemptCancelled(attempt=attempt, reason=stop.reason))
         return None
     except Stopping as stop:

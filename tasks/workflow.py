@@ -1,10 +1,11 @@
 """The job workflow: advances on events and never waits on a result inside a task.
 
 `advance_job` reads each device's part of a job from the store, asks the planner
-(common/planner.py) what it needs next and applies the decision: it claims and dispatches
-profiling and estimation, records failures, and dispatches `finetune` once a selection is
-made. Tasks that produce a table or a vector advance every job waiting on it. Claims and
-once-only markers in Redis make repeated or concurrent advances harmless.
+(common/planner.py) for its next step, applies the step's event to the part and, when it
+applied, carries out the step's effects: it claims and dispatches profiling and estimation,
+and sends `finetune` once a selection is recorded. Tasks that produce a table or a vector
+advance every job waiting on it. Claims and once-only markers in Redis make repeated or
+concurrent advances harmless.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import uuid
 from celery.utils.log import get_task_logger
 
 from edgetrain.common.admission import job_refusal
+from edgetrain.common.effects import ClaimAndEstimate, ClaimAndProfile, Note, ReleaseTableClaim, SendFineTune
 from edgetrain.common.jobs import (
     TERMINAL,
     DevicePart,
@@ -24,41 +26,22 @@ from edgetrain.common.jobs import (
 )
 from edgetrain.common.keys import table_resource, vector_resource
 from edgetrain.common.limits import RECORDS_KEPT
-from edgetrain.common.part_events import (
-    Cancelled,
-    CancelRequested,
-    Dispatched,
-    Failed,
-    Identified,
-    PartEvent,
-    Prepared,
-    Refused,
-    Waiting,
-)
+from edgetrain.common.part_events import Failed, PartEvent, Refused
 from edgetrain.common.payloads import FinetuneRequest, JobPage, device_page
-from edgetrain.common.planner import (
-    Cancel,
-    Decision,
-    Fail,
-    FineTune,
-    PartView,
-    Prepare,
-    RequestCancel,
-    Wait,
-    plan,
-    resource_ids,
-)
+from edgetrain.common.planner import PartView, Step, plan, resource_ids
 from edgetrain.common.schemas import (
     DeviceTarget,
     ProfileTable,
     RelationVector,
     utc_now,
 )
-from edgetrain.common.store import Applied, SetAside, Store, claim_token, token_job
+from edgetrain.common.store import Applied, SetAside, Store, token_job
+from edgetrain.common.store.coordination import ResourceFailure
 
 from .app import app
 from .context import settings, store
 from .contract import TaskName, device_queue, send, send_tracked
+from .effects import claim_and_estimate, claim_and_profile
 
 logger = get_task_logger(__name__)
 JOB_LOCK_TIMEOUT_S = 120
@@ -84,13 +67,15 @@ def fail_resource(resource: str, reason: str) -> None:
 
 class _Reader:
     """Reads what the planner needs for one page of a job: its devices in one round trip,
-    each table and vector once, failures only where a table or vector is missing."""
+    each table, vector and failure once; a vector's failure only where the vector is missing
+    (a stored table may not serve, so its failure is read in any case)."""
 
     def __init__(self, s: Store, record: JobRecord, targets: list[DeviceTarget]):
         self.s, self.job_id, self.spec, self.record = s, record.job_id, record.spec, record
         self._devices = s.fleet.devices_by_id([t.device_id for t in targets])
         self._tables: dict[str, ProfileTable | None] = {}
         self._vectors: dict[str, RelationVector | None] = {}
+        self._failures: dict[str, ResourceFailure | None] = {}
 
     def view(self, target: DeviceTarget, part: DevicePart) -> PartView:
         s = self.s
@@ -112,11 +97,12 @@ class _Reader:
             self.job_id, self.spec, target, part, device,
             table=self._tables[tid],
             vector=self._vectors[vkey],
-            table_failure=self._failure(table_resource(tid), part) if self._tables[tid] is None else None,
+            table_failure=self._failure(table_resource(tid), part),
             vector_failure=self._failure(vector_resource(vkey), part) if self._vectors[vkey] is None else None,
             not_before=self.record.created_at if self.spec.profiling.force else None,
             now=utc_now(),
             cancelled_at=self.record.cancelled_at,
+            token=uuid.uuid4().hex,
         )  # fmt: skip
 
     def _set_aside(self, record: SetAside) -> None:
@@ -127,7 +113,9 @@ class _Reader:
 
     def _failure(self, resource: str, part: DevicePart) -> str | None:
         """Why producing `resource` failed for this job, unless the part was re-queued since."""
-        failure = self.s.coordination.failure(resource)
+        if resource not in self._failures:
+            self._failures[resource] = self.s.coordination.failure(resource)
+        failure = self._failures[resource]
         if failure is None or (part.requeued_at is not None and failure.at <= part.requeued_at):
             return None
         return failure.for_job(self.job_id)
@@ -185,8 +173,7 @@ def _advance_page(record: JobRecord, page: int) -> str:
                 report(job_id, part.device_id, Failed(reason=refusal))
                 continue
             try:
-                view = reader.view(target, part)
-                _apply(job_id, part, view, plan(view))
+                carry_out(job_id, part.device_id, plan(reader.view(target, part)))
             except Exception as exc:  # a bug or a model this worker cannot load: fail the part, say why
                 logger.exception("advancing %s/%s failed", job_id, part.device_id)
                 report(job_id, part.device_id, Failed(reason=f"planning failed: {type(exc).__name__}: {exc}"))
@@ -216,96 +203,29 @@ def report(job_id: str, device_id: str, event: PartEvent) -> Applied | None:
         return None
 
 
-def _apply(job_id: str, part: DevicePart, view: PartView | None, decision: Decision) -> None:
-    """Apply the planner's decision for one part, as events."""
-    device_id = part.device_id
-    if isinstance(decision, Wait):
-        applied = report(job_id, device_id, Waiting(notice=decision.notice, device_missing=decision.device_missing))
-        if applied and decision.device_missing and applied.change.message:
-            _release_table_claim(job_id, view, part)
+def carry_out(job_id: str, device_id: str, step: Step) -> None:
+    """Apply the step's event to the part and, when it applied, carry out its effects. A
+    fine-tune is sent after its dispatch is recorded, so a crash in between leaves a dispatched
+    part without a task, which the reaper sends again."""
+    if step.event is not None and report(job_id, device_id, step.event) is None:
         return
-    if isinstance(decision, Fail):
-        report(job_id, device_id, Failed(reason=decision.reason))
-        return
-    if isinstance(decision, Cancel):
-        report(job_id, device_id, Cancelled(reason=decision.reason))
-        return
-    if isinstance(decision, RequestCancel):
-        report(job_id, device_id, CancelRequested(reason=decision.reason))
-        return
-    device = decision.device
-    identity = Identified(device_type=device.device_type, simulated=device.simulated, control=device.control)
-    if isinstance(decision, Prepare):
-        assert view is not None
-        if not report(job_id, device_id, Prepared(state=decision.state, device=identity)):
-            return
-        if decision.stale and store().coordination.once(f"stale:{decision.table_id}:{job_id}"):
-            store().jobs.event(job_id, EventKind.table_not_reused, f"table {decision.table_id} not reused: {decision.stale}", device_id)
-        if decision.profile is not None:
-            _ensure_table(job_id, view, decision)
-        if decision.estimate is not None:
-            _ensure_vector(job_id, decision)
-        return
-    _start_fine_tune(job_id, identity, decision)
-
-
-def _release_table_claim(job_id: str, view: PartView | None, part: DevicePart) -> None:
-    """A part's device went missing: a profile this job claimed cannot happen there now, so
-    free the table for the other jobs waiting on it (on another device of the type)."""
-    if view is None or part.device_type is None:
-        return
-    resource = table_resource(resource_ids(view.spec, part.device_type)[0])
-    if store().coordination.release_if_held_by(resource, job_id):
-        notify_waiters(resource)
-
-
-def _ensure_table(job_id: str, view: PartView, decision: Prepare) -> None:
     s = store()
-    assert decision.profile is not None
-    resource = table_resource(decision.table_id)
-    s.coordination.add_waiter(resource, job_id)
-    fresh = s.resources.table(decision.table_id)
-    if fresh is not None and fresh != view.table:  # produced since we looked
-        send(app, TaskName.advance_job, job_id)
-    elif s.coordination.claim(resource, token := claim_token(job_id)):
-        request = decision.profile.model_copy(update={"owner": token})
-        rows = f"rows {request.batch_sizes} " if request.merge else ""
-        s.jobs.event(
-            job_id, EventKind.profiling,
-            f"profiling {rows}{decision.table_id} on {request.device_id} ({request.options.mode})", request.device_id,
-        )  # fmt: skip
-        send_tracked(app, s.ledger, TaskName.profile_device, request, device_queue(request.device_id), job_id)
 
+    def log(message: str, device: str | None) -> None:
+        s.jobs.event(job_id, EventKind.profiling if device else EventKind.estimating, message, device)
 
-def _ensure_vector(job_id: str, decision: Prepare) -> None:
-    s = store()
-    assert decision.estimate is not None
-    resource = vector_resource(decision.vector_key)
-    s.coordination.add_waiter(resource, job_id)
-    if s.resources.vector(decision.vector_key) is not None:  # produced since we looked
-        send(app, TaskName.advance_job, job_id)
-    elif s.coordination.claim(resource, job_id):
-        s.jobs.event(job_id, EventKind.estimating, f"estimating relation vector {decision.vector_key} on the server queue")
-        send_tracked(app, s.ledger, TaskName.estimate_relation_vector, decision.estimate, job_id=job_id)
-
-
-def _start_fine_tune(job_id: str, identity: Identified, decision: FineTune) -> None:
-    """Record the selection and dispatch the fine-tune under a new token (its task id): the
-    part accepts an attempt only of that task and request. Sent after it is recorded, so a
-    crash in between leaves a dispatched part without a task, which the reaper sends again."""
-    device_id = decision.request.device_id
-    token = uuid.uuid4().hex
-    dispatched = Dispatched(
-        device=identity, token=token, request=decision.request, selection=decision.selection,
-        estimated_time_to_accuracy_s=decision.estimated_time_to_accuracy_s, baseline1=decision.baseline1,
-        baseline1_estimated_time_to_accuracy_s=decision.baseline1_estimated_time_to_accuracy_s,
-    )  # fmt: skip
-    if not report(job_id, device_id, dispatched):
-        return
-    if decision.baseline1_problem:
-        store().jobs.event(job_id, EventKind.baseline1_unavailable, f"Baseline 1 has no configuration: {decision.baseline1_problem}",
-                           device_id)  # fmt: skip
-    dispatch_fine_tune(token, decision.request)
+    for effect in step.effects:
+        if isinstance(effect, ClaimAndProfile):
+            claim_and_profile(job_id, effect, log)
+        elif isinstance(effect, ClaimAndEstimate):
+            claim_and_estimate(job_id, effect, log)
+        elif isinstance(effect, SendFineTune):
+            dispatch_fine_tune(effect.token, effect.request)
+        elif isinstance(effect, ReleaseTableClaim):
+            if s.coordination.release_if_held_by(resource := table_resource(effect.table_id), job_id):
+                notify_waiters(resource)
+        elif isinstance(effect, Note) and s.coordination.once(effect.once):
+            s.jobs.event(job_id, effect.kind, effect.message, effect.device_id)
 
 
 def dispatch_fine_tune(token: str, request: FinetuneRequest) -> None:

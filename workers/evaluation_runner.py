@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from rich.progress import TaskID
@@ -27,10 +28,10 @@ from edgetrain.common.evaluation import (
     Check,
     DatasetGoal,
     DeviceProfile,
-    Dispatched,
     EvaluationRow,
     EvaluationRun,
     EvaluationSpec,
+    SentToWorkers,
     Verification,
     achieved,
     checks,
@@ -41,9 +42,9 @@ from edgetrain.common.jobs import JobStatus
 from edgetrain.common.keys import table_id, vector_key
 from edgetrain.common.models import get_model
 from edgetrain.common.payloads import PretrainRequest
-from edgetrain.common.schemas import DeviceInfo, EstimationRequest, ProfileTable, RelationVector
+from edgetrain.common.schemas import DeviceInfo, EstimationRequest, ProfileTable, RelationVector, utc_now
 from edgetrain.common.store import SetAside
-from edgetrain.common.tables import missing_batch_sizes, reuse_problem, rows_of
+from edgetrain.common.tables import Profile, Reuse, rows_of, table_need
 from edgetrain.tasks.client import EdgeTrainClient, Pending, ResourceFailed
 
 from .evaluation_progress import EvaluationProgress
@@ -76,7 +77,8 @@ class _Evaluation:
     devices: list[DeviceInfo]  # one per spec.devices entry
     progress: EvaluationProgress
     timeout_s: float
-    dispatched: Dispatched = field(default_factory=Dispatched)
+    dispatched: SentToWorkers = field(default_factory=SentToWorkers)
+    started_at: datetime = field(default_factory=utc_now)  # profiling.force: tables older than this are profiled again
 
     def table_id(self, info: DeviceInfo) -> str:
         return table_id(info.device_type, self.spec.model, get_model(self.spec.model).input_shape)
@@ -129,18 +131,16 @@ class _Evaluation:
                 continue
             cap = entry.power_caps_w[0] if spec.profiling.mode == "staircase" else None
             current = self.client.store.resources.table(tid, self.set_aside)
-            problem = "not stored" if current is None else reuse_problem(current, info, cap)
-            if spec.profiling.force:
-                problem = "the spec asks to profile again (profiling.force)"
-            missing = missing_batch_sizes(current, spec.batch_sizes) if current is not None and problem is None else []
-            if current is not None and problem is None and not missing:
-                stored[tid] = current
+            need = table_need(current, info, spec.batch_sizes, cap, not_before=self.started_at if spec.profiling.force else None)
+            if isinstance(need, Reuse):
+                stored[tid] = need.table
                 self.progress.log(f"lookup table {tid}: stored, reused")
                 continue
-            if problem is not None and current is not None:
-                self.progress.log(f"lookup table {tid}: not reused: {problem}")
-            rows = missing or spec.batch_sizes
-            pending = self.client.profile(info, spec.model, rows, spec.profiling, cap, merge=bool(missing))
+            assert isinstance(need, Profile), "no failure is asked about"
+            if need.why is not None:
+                self.progress.log(f"lookup table {tid}: not reused: {need.why}")
+            rows = need.rows
+            pending = self.client.profile(info, spec.model, rows, spec.profiling, cap, merge=need.merge)
             self.dispatched.profiles += pending.dispatched
             doing = f"profiling {spec.profiling.mode} of batch sizes {rows} on {info.device_id}"
 

@@ -20,6 +20,7 @@ from .progress import activity
 if TYPE_CHECKING:
     from edgetrain.common.schemas import DeviceInfo, ProfileTable, ProfilingOptions
     from edgetrain.common.settings import Settings
+    from edgetrain.common.tables import Profile
 
 POLL_S = 0.5
 DEFAULT_TIMEOUT_S = 3600.0
@@ -41,17 +42,6 @@ def _result(table: ProfileTable, as_json: bool) -> int:
     return ExitCode.ok
 
 
-def _reuse_problem(current: ProfileTable, info: DeviceInfo, args: argparse.Namespace) -> str | None:
-    """Why the stored table does not serve this request, or None when it is reused."""
-    from edgetrain.common.tables import reuse_problem
-
-    if args.force:
-        return "--force profiles again"
-    if args.grid and current.mode != "grid":
-        return "--grid asks for the full grid, the stored table is a staircase"
-    return reuse_problem(current, info, args.power_cap_w)
-
-
 def _options(args: argparse.Namespace) -> ProfilingOptions:
     """The profile this command asks for: staircase for a given cap unless --grid."""
     from edgetrain.common.schemas import ProfilingOptions
@@ -59,14 +49,14 @@ def _options(args: argparse.Namespace) -> ProfilingOptions:
     return ProfilingOptions(mode="staircase" if args.power_cap_w is not None and not args.grid else "grid")
 
 
-def _profile_and_wait(settings: Settings, info: DeviceInfo, tid: str, args: argparse.Namespace) -> int:
+def _profile_and_wait(settings: Settings, info: DeviceInfo, tid: str, args: argparse.Namespace, need: Profile) -> int:
     """Profile on the device (or wait for the holder of the table's claim) and print the table."""
     from edgetrain.common.store.coordination import CLAIM_TTL_S
     from edgetrain.tasks.client import EdgeTrainClient, ResourceFailed
 
     client = EdgeTrainClient(settings.redis_url, settings.key_prefix)
     options = _options(args)
-    pending = client.profile(info, args.model, args.batch_sizes, options, args.power_cap_w)
+    pending = client.profile(info, args.model, need.rows, options, args.power_cap_w, merge=need.merge)
     if pending.dispatched:
         cap = f" for cap {args.power_cap_w} W" if options.mode == "staircase" else ""
         note(f"profiling {args.model} on {info.device_id} ({info.device_type}): {options.mode}{cap}; "
@@ -93,7 +83,9 @@ def cmd_profile_run(args: argparse.Namespace) -> int:
     """`edgetrain profile run`."""
     from edgetrain.common.keys import table_id
     from edgetrain.common.models import get_model
+    from edgetrain.common.schemas import PAPER_BATCH_SIZES, utc_now
     from edgetrain.common.store import Store
+    from edgetrain.common.tables import Profile, Reuse, table_need
 
     settings = settings_from(args)
     s = Store.connect(settings.redis_url, settings.key_prefix)
@@ -109,13 +101,17 @@ def cmd_profile_run(args: argparse.Namespace) -> int:
         return ExitCode.usage
     tid = table_id(info.device_type, entry.name, entry.input_shape)
     current = s.resources.table(tid, lambda record: note(record.line()))
-    if current is not None:
-        problem = _reuse_problem(current, info, args)
-        if problem is None:
-            note(f"a current table exists for {tid}: reused (--force profiles again)")
-            return _result(current, args.json)
-        note(f"table {tid} not reused: {problem}")
-    return _profile_and_wait(settings, info, tid, args)
+    batch_sizes = args.batch_sizes or list(PAPER_BATCH_SIZES)
+    need = table_need(current, info, batch_sizes, args.power_cap_w, not_before=utc_now() if args.force else None, grid=args.grid)
+    if isinstance(need, Reuse):
+        note(f"a current table exists for {tid}: reused (--force profiles again)")
+        return _result(need.table, args.json)
+    assert isinstance(need, Profile), "no failure is asked about"
+    if need.why is not None:
+        note(f"table {tid} not reused: {need.why}")
+    elif need.merge:
+        note(f"table {tid} has no rows for batch sizes {need.rows}: profiling them")
+    return _profile_and_wait(settings, info, tid, args, need)
 
 
 def cmd_profile_show(args: argparse.Namespace) -> int:

@@ -25,12 +25,12 @@ from .results import (
     Robustness,
     SensitivityMatrix,
 )
-from .run import Dispatched, EvaluationRun
+from .run import EvaluationRun, SentToWorkers
 from .spec import DatasetGoal, EvaluatedDevice, EvaluationSpec, PretrainStep
 from .verification import Achieved, Check, Verification, achieved, checks, verification
 
 __all__ = [
-    "METHODS", "SCALES", "Achieved", "Check", "DatasetGoal", "DeviceProfile", "Dispatched", "EvaluatedDevice", "EvaluationReport",
+    "METHODS", "SCALES", "Achieved", "Check", "DatasetGoal", "DeviceProfile", "SentToWorkers", "EvaluatedDevice", "EvaluationReport",
     "EvaluationRow", "EvaluationRun", "EvaluationSpec", "MeanStd", "MethodResult", "PretrainStep", "Robustness",
     "SensitivityMatrix", "Verification", "achieved", "checks", "evaluate", "evaluation_row", "method_result", "over_oracle_pct",
     "robustness", "scale_preset",

@@ -11,7 +11,7 @@ from .spec import EvaluationSpec
 from .verification import Achieved, Verification
 
 
-class Dispatched(Strict):
+class SentToWorkers(Strict):
     """What an evaluation sent to the workers; zero where it reused what Redis holds (or
     waited for another job or command that was producing it)."""
 
@@ -33,5 +33,5 @@ class EvaluationRun(EvaluationReport):
     vectors: dict[str, RelationVector] = Field(description="per dataset label: N_b over seeds for every batch size")
     verification: list[Verification] = Field(default_factory=list)
     achieved: list[Achieved] = Field(default_factory=list, description="edgetrain's own fine-tune of each row, through the device workers")
-    dispatched: Dispatched
+    dispatched: SentToWorkers
     wall_s: float

@@ -28,7 +28,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from ..jobs import EventKind
+from ..jobs import EventKind, Refused
 from ..schemas import Strict
 from .plan import Assignment
 from .records import FINAL, FederatedState, LocalUpdate, Phase, RoundRecord
@@ -41,10 +41,6 @@ class Accepted(str, Enum):
     late = "late"  # its round closed (or the job finished): discarded
     duplicate = "duplicate"  # the device's update of that round is already in
     not_assigned = "not_assigned"  # the round does not assign the device, or not that work (a forged or stale task)
-
-
-class Refused(ValueError):
-    """The event does not apply to the job as it is; the message says why."""
 
 
 class UpdateRefused(Refused):

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..schemas import ProfileTable, RelationVector, Selection, Strict
-from ..selection import Baseline1, Equation4, SelectionError, Strategy
+from ..selection import SelectionError, strategy_for
 from .spec import LocalWork
 
 
@@ -48,11 +48,6 @@ class DeviceInRound:
     power_envelope_w: list[float] | None = None
 
 
-def strategy(method: str, vector: RelationVector, power_envelope_w: list[float] | None) -> Strategy:
-    """The selection of a device for `method` (see LocalWork)."""
-    return Baseline1(vector, power_envelope_w) if method == "baseline1" else Equation4(vector)
-
-
 def per_step(table: ProfileTable, values: list[list[float | None]] | None, choice: Selection) -> float | None:
     """A table value for N_s samples at the chosen point, per step of its batch size."""
     if values is None:
@@ -68,7 +63,7 @@ def assign(devices: Sequence[DeviceInRound], work: LocalWork, vector: RelationVe
     for d in devices:
         flat = vector or RelationVector.uniform(d.table.batch_sizes)
         try:
-            choice = strategy(work.method, flat, d.power_envelope_w).choose(d.table, d.power_cap_w)
+            choice = strategy_for(work.method, flat, power_envelope_w=d.power_envelope_w).choose(d.table, d.power_cap_w)
         except SelectionError as exc:
             raise SelectionError(f"device {d.device_id}: {exc}") from exc
         step_s = per_step(d.table, d.table.time_s, choice)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
-from edgetrain.common.finetune import Cancelled, FineTune, Options, Stopping, Superseded
+from edgetrain.common.finetune import CancelledRun, FineTune, Options, Stopping, Superseded
 from edgetrain.common.jobs import CheckpointRef, EventKind
 from edgetrain.common.learned import DataIdentity
 from edgetrain.common.payloads import finetune_request
@@ -76,7 +76,7 @@ def test_a_run_reports_every_configuration_that_ran_and_its_progress(tmp_path) -
 def test_a_cancel_checkpoints_then_stops_and_a_new_attempt_continues_with_the_dispatched_batch_size(tmp_path) -> None:
     writer = Writer(Written.cancel, answer_from=3)  # (an event, progress at 0 and 128, then) the evaluation at 256 learns of it
     recipe, device = run(writer, tmp_path, check_every_s=3600)
-    with pytest.raises(Cancelled, match="cancelled after 256 samples"):
+    with pytest.raises(CancelledRun, match="cancelled after 256 samples"):
         recipe.run()
     (kept,) = writer.checkpoints()
     assert kept.samples == 256 and files(tmp_path) == [f"checkpoint-j1-d1-{'a' * 12}.pt"]

@@ -1,15 +1,16 @@
-"""The lookup-table policy: merging rows, what may be stored."""
+"""The lookup-table policy: what a stored table serves (`table_need`), merging rows, what may be stored."""
 
 import random
+from datetime import timedelta
 
 import pytest
 from pydantic import ValidationError
 
 from edgetrain.common.control_axis import ClockObservation
-from edgetrain.common.schemas import ProfileTable, RelationVector
+from edgetrain.common.schemas import DeviceInfo, ProfileTable, RelationVector, utc_now
 from edgetrain.common.selection import Baseline1
-from edgetrain.common.tables import merge, missing_batch_sizes, rows_of, storable_problem
-from edgetrain.common.testing.tables import B, random_monotone_table
+from edgetrain.common.tables import NoTable, Profile, Reuse, merge, missing_batch_sizes, rows_of, storable_problem, table_need
+from edgetrain.common.testing.tables import B, F, random_monotone_table
 
 
 def rows(table, keep: list[int], **changes):
@@ -133,3 +134,21 @@ def test_a_merge_that_would_not_validate_raises_instead_of_returning_a_table() -
         merge(stored, skewed)
     with pytest.raises(ValueError, match="simulated"):  # every field not per row must match, a field added later included
         merge(stored, random_rows(rng, [32], [100, 200], set()).model_copy(update={"simulated": True}))
+
+
+def test_table_need_reuses_profiles_missing_rows_profiles_anew_or_fails_in_one_rule() -> None:
+    device = DeviceInfo(device_id="d", device_type="twin", backend="sim", frequencies_hz=F, memory_bytes=1, simulated=True)
+    full = random_monotone_table(random.Random(0)).model_copy(update={"max_batch_size": 128})
+    small = rows(full, [0, 1, 2], max_batch_size=16)
+    stairs = full.model_copy(update={"mode": "staircase", "power_cap_w": 4.0})
+    assert table_need(full, device, B, None) == Reuse(full)
+    assert table_need(None, device, B, None) == Profile(B, merge=False, why=None)
+    assert table_need(small, device, B, None) == Profile([32, 64, 128], merge=True, why=None, stored_at=small.created_at)
+    assert table_need(stairs, device, B, 5.0).why == "staircase table for cap 4.0 W, not 5.0 W"
+    assert table_need(stairs, device, B, 4.0) == Reuse(stairs)
+    assert table_need(stairs, device, B, 4.0, grid=True).why == "a full grid is asked for, the stored table is a staircase"
+    assert "force" in table_need(full, device, B, None, not_before=utc_now() + timedelta(seconds=1)).why
+    # a failure for the job ends it only where the stored table cannot serve
+    assert table_need(full, device, B, None, failure="profiling failed") == Reuse(full)
+    for unusable in (None, small, stairs):
+        assert table_need(unusable, device, B, 5.0, failure="profiling failed") == NoTable("profiling failed")

@@ -148,7 +148,7 @@ def test_run_stores_staircase_then_grid_and_force_profiles_again(cluster, capsys
     assert grid == store.resources.table(TID)
 
     assert run(cluster, *SMALL_RUN, "--force") == 0
-    assert "not reused: --force" in capsys.readouterr().err
+    assert "not reused: asked to profile again (force)" in capsys.readouterr().err
     assert store.resources.table(TID).created_at > grid.created_at
 
 
