@@ -205,12 +205,17 @@ class AdaptiveControl:
             self.level = level
             self.device.set_frequency(self.frequency_hz)
 
-    def choose(self, strategy: Strategy | None = None) -> Selection:
-        """What `strategy` (default: the job's) selects now: for the cap in force, with the
-        table's peaks scaled by the drift (the guard's, or the largest that forced a selection,
-        whichever is more). SelectionError when nothing can be selected."""
+    def selecting(self) -> tuple[ProfileTable, float | None]:
+        """The table and the cap (W) a selection is made against now: the cap in force, with
+        the table's peaks scaled by the drift (the guard's, or the largest that forced a
+        selection, whichever is more). SelectionError when the table cannot select for it."""
         drift = max(self.guard.drift(), self.drift_seen)
-        return (strategy or self.strategy).choose(self._table_for(self.cap_w), _derated(self.cap_w, drift))
+        return self._table_for(self.cap_w), _derated(self.cap_w, drift)
+
+    def choose(self, strategy: Strategy | None = None) -> Selection:
+        """What `strategy` (default: the job's) selects now (see `selecting`). SelectionError
+        when nothing can be selected."""
+        return (strategy or self.strategy).choose(*self.selecting())
 
     def reselect(self, run: DeviceTotals, strategy: Strategy, note: str | None) -> None:
         """Adopt `strategy` for this and every later selection (cap changes, the guard) and

@@ -27,12 +27,13 @@ from typing import Protocol
 
 from .adaptive import AdaptiveControl, CapFollower
 from .artifacts import initial_model
+from .belief import PAPER_TRUST
 from .checkpoints import checkpoint_name, load_checkpoint, remove_checkpoints, save_checkpoint
-from .closed_loop import ClosedLoop, Guarded, Posterior, RecordIdentity, loop_strategy, starting_vector
+from .closed_loop import ClosedLoop, RecordIdentity
 from .datasets.loading import load_dataset
 from .devices.base import Device, Measurement
 from .jobs import CheckpointRef, EventKind, FinetuneProgress
-from .learned import DataIdentity, FinetuneRecord, solo_batch_sizes
+from .learned import DataIdentity, FinetuneRecord, learned_vector
 from .models import get_model
 from .payloads import FinetuneRequest
 from .schemas import (
@@ -43,7 +44,6 @@ from .schemas import (
     ProfileTable,
     RelationVector,
     RunReport,
-    VectorProvenance,
 )
 from .selection import strategy_for
 from .store.jobs import Written
@@ -95,9 +95,11 @@ class Options:
     evaluations; `stop_requested`: the worker's reason to stop (None: go on);
     `table`, `vector`, `device_cap`: what re-selection on a new cap needs (without them the
     run keeps its first selection); `records`: reads what fine-tunes measured on this data
-    (common/learned.py), the closed loop's evidence, read at set-up and as the run goes;
-    `similar`: records of similar data (a weaker prior); `data`: the identity of this data,
-    for the record this run leaves."""
+    (common/learned.py), the closed loop's evidence (finished runs and those running on it
+    now), read at set-up and as the run goes; `similar`: records of similar data (a weaker
+    prior); `publish`: shows this run's partial record to the runs on the same data meanwhile;
+    `trust`: how far the proxy's r_b is trusted on this data (common/trust.py); `data`: the
+    identity of this data, for the record this run leaves."""
 
     attempt: str
     artifact_dir: Path
@@ -109,6 +111,8 @@ class Options:
     device_cap: Callable[[], DeviceCap | None] = lambda: None
     records: Callable[[], list[FinetuneRecord]] = lambda: []
     similar: list[FinetuneRecord] = field(default_factory=list)
+    publish: Callable[[FinetuneRecord], None] = lambda _: None
+    trust: float = PAPER_TRUST
     data: DataIdentity | None = None
 
 
@@ -174,34 +178,27 @@ class FineTune:
             energy_j=totals.energy_j, peak_power_w=totals.peak_power_w, wall_s=time.perf_counter() - started,
             switches=control.switches if control else [], paused_s=control.paused_s if control else 0.0,
             guard=control.guard.report if control else PowerGuardReport(peak_power_w=totals.peak_power_w),
-            learned=self._learned(),
+            learned=self.loop.provenance() if self.loop else None, exploration=self.loop.exploration if self.loop else None,
         )  # fmt: skip
-
-    def _learned(self) -> VectorProvenance | None:
-        """Where the vector the run ended selecting with came from, when not the proxy."""
-        vector = self.loop.posterior if self.loop and self.loop.posterior else None
-        strategy = self.control.strategy if self.control else None
-        inner = strategy.inner if isinstance(strategy, Guarded) else strategy
-        if vector is None and isinstance(inner, Posterior):
-            vector = inner.vector
-        return vector.provenance if vector is not None else None
 
     def _closed_loop(self) -> ClosedLoop | None:
         """The closed loop around the cap control (common/closed_loop.py): a job that selects for
-        time to accuracy starts from what earlier fine-tunes on this data measured, when they
-        did, and re-selects as its own curve matches theirs; every run (a fixed configuration's
-        too) follows its curve for the record it leaves later jobs."""
+        time to accuracy starts from the exploration policy's choice on what runs on this data
+        measured, and re-selects as its own curve matches theirs; every run (a fixed
+        configuration's too) follows its curve for the record it leaves later jobs, and shows it
+        to the runs on the same data meanwhile."""
         r, o, control = self.request, self.options, self.control
         if control is None or o.vector is None or o.data is None:
             return None
         closed = r.objective.name == "time" and r.target.configuration is None
         identity = RecordIdentity(f"{r.job_id}:{r.device_id}", r.model, r.weights, o.data, r.target_accuracy, r.lr,
                                   r.eval_every_samples, self.device.device_type, r.seed)  # fmt: skip
-        loop = ClosedLoop(control, o.vector, o.records if closed else list, identity, seen=len(self.totals.history))
+        similar = learned_vector(o.similar, o.vector, similar=True)  # records of similar data move the prior toward them
+        prior = similar.model_copy(update={"key": o.vector.key}) if similar else o.vector
+        loop = ClosedLoop(control, prior, o.records if closed else list, identity, seen=len(self.totals.history), trust=o.trust,
+                          power_envelope_w=self.device.power_envelope_w, publish=o.publish)  # fmt: skip
         if closed:
-            start = starting_vector(o.vector, loop.records, o.similar)
-            strategy = loop_strategy(start, control.strategy, solo_batch_sizes(loop.records))
-            control.reselect(self.totals, strategy, f"evidence: {start.provenance.summary}" if start.provenance else None)
+            loop.start(self.totals, explore=not self.totals.history)  # a resumed run keeps to what it explored
         return loop
 
     def _select(self) -> AdaptiveControl | None:

@@ -22,6 +22,10 @@
     <p>:learned:<data key>                 list of FinetuneRecord JSON, newest first: what fine-tunes
                                            on that data measured (common/learned.py)
     <p>:learned-count:<data key>           how many records were ever kept under that data key
+    <p>:learned-live:<data key>            hash record id -> FinetuneRecord JSON of the fine-tunes on that
+                                           data running now (their solo curve so far; expires)
+    <p>:learned-trust:<proxy family>       hash data key -> ProxyCheck JSON: how far that proxy's r_b were
+                                           from what runs on each data measured (common/trust.py)
     <p>:learned-index:<kind key>           set of data keys of one kind of data (model, weights,
                                            dataset name): priors from similar data
     <p>:claim:<resource>                   who is producing a table or vector (expires)
@@ -202,6 +206,12 @@ class Keys:
 
     def learned_count(self, data_key: str) -> str:
         return f"{self.prefix}:learned-count:{data_key}"
+
+    def learned_live(self, data_key: str) -> str:
+        return f"{self.prefix}:learned-live:{data_key}"
+
+    def learned_trust(self, family: str) -> str:
+        return f"{self.prefix}:learned-trust:{family}"
 
     def learned_index(self, kind_key: str) -> str:
         return f"{self.prefix}:learned-index:{kind_key}"

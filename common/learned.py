@@ -115,7 +115,7 @@ class FinetuneRecord(Strict):
         return self.segments[0].batch_size, self.samples_to_accuracy
 
 
-class _Envelope:
+class Envelope:
     """The running minimum of a solo curve's test loss: samples where it first reaches a loss."""
 
     def __init__(self, curve: list[tuple[int, float]]):
@@ -148,7 +148,7 @@ def warp_ratio(curve: list[tuple[int, float]], reference: list[tuple[int, float]
     median, over the test losses `curve` reaches after its first two evaluations that
     `reference` also reaches, of the ratio of the samples each needed. None with fewer than
     MIN_MATCHED_LEVELS shared levels."""
-    mine, theirs = _Envelope(curve), _Envelope(reference)
+    mine, theirs = Envelope(curve), Envelope(reference)
     ratios = []
     for n, loss in curve[2:]:
         m, k = theirs.samples_at(loss), mine.samples_at(loss)
@@ -157,7 +157,7 @@ def warp_ratio(curve: list[tuple[int, float]], reference: list[tuple[int, float]
     return statistics.median(ratios) if len(ratios) >= MIN_MATCHED_LEVELS else None
 
 
-def _relative_samples(records: list[FinetuneRecord]) -> dict[int, list[float]]:
+def relative_samples(records: list[FinetuneRecord]) -> dict[int, list[float]]:
     """Per batch size, N_b on the records' data relative to one reference run (log-consistent):
     solo N_b where a run reached the target at one batch size, and solo curves matched to the
     longest solo curve of a run that reached it (or of any)."""
@@ -187,7 +187,7 @@ def learned_vector(records: list[FinetuneRecord], prior: RelationVector, similar
     kind (another fraction or target accuracy), so each N_b is the geometric mean of the
     learned and the scaled prior's. None unless the records measured two batch sizes or more
     (one says nothing about how N_b changes with b)."""
-    measured = {b: v for b, v in _relative_samples(records).items() if b in prior.batch_sizes}
+    measured = {b: v for b, v in relative_samples(records).items() if b in prior.batch_sizes}
 
     def prior_n(b: int) -> float | None:
         return prior.samples_for(b) if prior.samples_mean is not None else prior.ratio(b)

@@ -539,6 +539,26 @@ class ConfigurationRun(Strict):
     device_time_s: float = 0.0
 
 
+class ExplorationReport(Strict):
+    """A batch size a fine-tune explored (common/exploration.py): why, against which measured
+    batch sizes, the most it could cost the run (a fraction of the exploit choice's expected
+    time), and what came of it."""
+
+    batch_size: int
+    exploit_batch_size: int = Field(description="what the run would have run without exploring")
+    against: list[int] = Field(default_factory=list, description="measured batch sizes its solo curve was matched against")
+    cost_bound: float = Field(ge=0, description="the most it could cost, as a fraction of the exploit choice's expected time")
+    measure_by_samples: int | None = Field(None, description="samples by which its N_b was to be measured (None: not measurable)")
+    measured_at_samples: int | None = Field(None, description="when its N_b was measured (None: not, or not yet)")
+    outcome: str | None = Field(None, description="kept, or left for another batch size, and why")
+    note: str
+
+    def line(self) -> str:
+        """The exploration for people."""
+        ending = f"; {self.outcome}" if self.outcome else ""
+        return f"explored b={self.batch_size} (else b={self.exploit_batch_size}), at most {self.cost_bound:.1%} at stake{ending}"
+
+
 class RunReport(Strict):
     """What `finetune` measured on the device. `batch_size` and `frequency_hz` are the
     configuration it ended with; `configurations` lists every one that ran (caps, the power
@@ -568,3 +588,4 @@ class RunReport(Strict):
     learned: VectorProvenance | None = Field(
         None, description="where the vector it last selected with came from, when not the proxy's (the closed loop)"
     )
+    exploration: ExplorationReport | None = Field(None, description="the batch size it explored, if it did")

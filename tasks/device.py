@@ -40,9 +40,10 @@ from edgetrain.common.part_events import (
 )
 from edgetrain.common.payloads import FinetuneRequest, ProfileRequest, ProfileResult, profile_resource
 from edgetrain.common.profiling import profile
-from edgetrain.common.schemas import LearningRatePolicy, RunReport
+from edgetrain.common.schemas import LearningRatePolicy, RelationVector, RunReport
 from edgetrain.common.store import Applied, JobNotFoundError, Store, Written
 from edgetrain.common.tables import merge, storable_problem
+from edgetrain.common.trust import proxy_check, proxy_family, trust_width
 
 from .app import app
 from .context import attempts_exceeded, bound_device, settings, store
@@ -116,11 +117,13 @@ def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
         return None
     worker = f"{self.request.hostname}:{os.getppid()}"  # the pool's main process: the worker instance
     try:
-        memory = _Memory(request)
+        vector = s.resources.vector(request.vector_key)
+        memory = _Memory(request, vector)
         recipe = FineTune(request, device, _Writer(job_id, device_id, attempt, finetune_reporter(self)), Options(
             attempt=attempt, artifact_dir=settings().artifact_dir, checkpoint_every_s=settings().checkpoint_every_s,
-            stop_requested=_stop_flag(worker), table=s.resources.table(request.table_id), vector=s.resources.vector(request.vector_key),
-            device_cap=lambda: s.fleet.power_cap(device_id), records=memory.records, similar=memory.similar(), data=memory.data,
+            stop_requested=_stop_flag(worker), table=s.resources.table(request.table_id), vector=vector,
+            device_cap=lambda: s.fleet.power_cap(device_id), records=memory.records, similar=memory.similar(), publish=memory.publish,
+            trust=memory.trust(), data=memory.data,
         ))  # fmt: skip
         with _stopping_on_sigterm():
             recipe.setup(checkpoint)
@@ -143,39 +146,74 @@ def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
         remove_checkpoints(job_id, device_id, settings().artifact_dir)
         if recipe.record is not None:
             memory.keep(recipe.record)
+    memory.withdraw()
     return run
 
 
 class _Memory:
-    """What fine-tunes on this data measured (common/learned.py), kept in Redis for later jobs."""
+    """What fine-tunes on this data measured (common/learned.py), kept in Redis for later jobs;
+    the fine-tunes running on it now; and how far the proxy's r_b were on other data
+    (common/trust.py). A read or write that fails is a warning: the run goes on with what it has."""
 
-    def __init__(self, request: FinetuneRequest):
+    def __init__(self, request: FinetuneRequest, prior: RelationVector | None):
         self.data = data_identity(request.dataset, settings().readable_data_roots())
         self.key = learned_key(request.model, request.weights, self.data, request.target_accuracy, request.lr)
         self.kind = similar_key(request.model, request.weights, request.dataset.name)
+        self.record_id, self.prior = f"{request.job_id}:{request.device_id}", prior
+        self.family = proxy_family(prior.request) if prior else None
         self._kept, self._records = -1, list[FinetuneRecord]()
+        self._live = list[FinetuneRecord]()
 
     def records(self) -> list[FinetuneRecord]:
-        """The fine-tunes of this model and weights on this data, to this accuracy, kept so far:
-        the list is read again only when one was kept since the last read; a read that fails
-        keeps the last one (with a warning)."""
+        """The fine-tunes of this model and weights on this data, to this accuracy, kept so far
+        (the list is read again only when one was kept since the last read), and the partial
+        records of the others running on it now."""
         try:
             self._kept, found = store().learned.records_if_new(self.key, self._kept)
+            self._live = store().learned.live(self.key, exclude=self.record_id)
         except RedisError as exc:
             logger.warning("the records of %s were not read again: %s", self.key, exc)
-            return self._records
+            return self._records + self._live
         if found is not None:
             self._records = found
-        return self._records
+        return self._records + self._live
 
     def similar(self) -> list[FinetuneRecord]:
         """Fine-tunes of this model and weights on other data of the same kind."""
         return [r for found in store().learned.similar(self.kind, exclude=self.key).values() for r in found]
 
+    def trust(self) -> float:
+        """How far the proxy's r_b is trusted on this data: from its checks on other data."""
+        if self.family is None:
+            return trust_width([])
+        try:
+            return trust_width(store().learned.checks(self.family, exclude=self.key))
+        except RedisError as exc:
+            logger.warning("the proxy's record on other data was not read: %s", exc)
+            return trust_width([])
+
+    def publish(self, record: FinetuneRecord) -> None:
+        """Show this run's partial record to the runs on the same data meanwhile."""
+        try:
+            store().learned.publish(self.key, record)
+        except RedisError as exc:
+            logger.warning("the partial record of %s was not shown: %s", record.record_id, exc)
+
+    def withdraw(self) -> None:
+        """Take this run's partial record down: it ended (its record, if complete, is kept)."""
+        try:
+            store().learned.unpublish(self.key, self.record_id)
+        except RedisError as exc:
+            logger.warning("the partial record of %s was not taken down: %s", self.record_id, exc)
+
     def keep(self, record: FinetuneRecord) -> None:
-        """Keep what a completed fine-tune measured (a failure to keep it is a warning)."""
+        """Keep what a completed fine-tune measured, and how far the proxy was from it on this data."""
         try:
             store().learned.put_record(self.key, self.kind, record)
+            if self.prior is not None and self.family is not None:
+                check = proxy_check(store().learned.records(self.key), self.prior, self.key)
+                if check is not None:
+                    store().learned.put_check(self.family, check)
         except RedisError as exc:
             logger.warning("the record of %s was not kept: %s", record.record_id, exc)
 

@@ -1,4 +1,6 @@
-"""Fine-tune records kept for later jobs (common/learned.py): per data key, the newest first."""
+"""Fine-tune records kept for later jobs (common/learned.py): per data key, the newest first; the
+partial records of the fine-tunes running on a data now; and per proxy, how far its r_b were from
+what runs measured on each data (common/trust.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +8,11 @@ import redis
 
 from ..keys import Keys
 from ..learned import FinetuneRecord
+from ..trust import ProxyCheck
+from .connection import text
 
 MAX_RECORDS = 50  # per data key: older records are dropped
+LIVE_TTL_S = 3600  # a running fine-tune's partial record outlives it by at most this (s) when it dies without removing it
 
 
 class LearnedStore:
@@ -46,6 +51,33 @@ class LearnedStore:
             p.lrange(self._keys.learned(data_key), 0, -1)
             count, raw = p.execute()
         return int(count or 0), [FinetuneRecord.model_validate_json(r) for r in raw]
+
+    def publish(self, data_key: str, record: FinetuneRecord) -> None:
+        """Show a running fine-tune's partial record to the others on the same data (it expires
+        LIVE_TTL_S after its last update)."""
+        name = self._keys.learned_live(data_key)
+        with self._redis.pipeline() as p:
+            p.hset(name, record.record_id, record.model_dump_json())
+            p.expire(name, LIVE_TTL_S)
+            p.execute()
+
+    def unpublish(self, data_key: str, record_id: str) -> None:
+        """Take a fine-tune's partial record down (it ended)."""
+        self._redis.hdel(self._keys.learned_live(data_key), record_id)
+
+    def live(self, data_key: str, exclude: str | None = None) -> list[FinetuneRecord]:
+        """The partial records of the fine-tunes running on a data now, but `exclude`'s."""
+        raw = self._redis.hgetall(self._keys.learned_live(data_key))
+        return [FinetuneRecord.model_validate_json(v) for k, v in sorted(raw.items()) if text(k) != exclude]
+
+    def put_check(self, family: str, check: ProxyCheck) -> None:
+        """Keep how far a proxy's r_b were on one data (the newest check of that data replaces the last)."""
+        self._redis.hset(self._keys.learned_trust(family), check.data, check.model_dump_json())
+
+    def checks(self, family: str, exclude: str | None = None) -> list[ProxyCheck]:
+        """How far a proxy's r_b were on every data it was checked on, but `exclude`."""
+        raw = self._redis.hgetall(self._keys.learned_trust(family))
+        return [ProxyCheck.model_validate_json(v) for k, v in sorted(raw.items()) if text(k) != exclude]
 
     def similar(self, similar_key: str, exclude: str | None = None) -> dict[str, list[FinetuneRecord]]:
         """The records of every data key indexed under `similar_key` but `exclude`, by data key."""

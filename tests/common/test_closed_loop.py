@@ -10,11 +10,13 @@ from types import SimpleNamespace
 import pytest
 
 from edgetrain.common.adaptive import AdaptiveControl, CapFollower
-from edgetrain.common.closed_loop import ClosedLoop, Guarded, LoopSettings, Posterior, RecordIdentity, loop_strategy, starting_vector
+from edgetrain.common.belief import PAPER_TRUST
+from edgetrain.common.closed_loop import ClosedLoop, LoopSettings, RecordIdentity
 from edgetrain.common.devices.base import Measurement
-from edgetrain.common.learned import DataIdentity, FinetuneRecord, Segment, learned_vector, solo_batch_sizes
+from edgetrain.common.exploration import ExplorationPolicy
+from edgetrain.common.learned import DataIdentity, FinetuneRecord, Segment, learned_vector
 from edgetrain.common.schemas import DeviceTarget, LearningRatePolicy, ProfileTable, RelationVector
-from edgetrain.common.selection import Equation4, Robust
+from edgetrain.common.selection import Equation4
 from edgetrain.common.testing.devices import RecordedDevice
 from edgetrain.common.training import DeviceTotals, train_to_accuracy
 
@@ -86,34 +88,45 @@ def control(trainer: WarpTrainer, device: ReplayDevice, strategy, target: Device
 
 
 def run_loop(records: list[FinetuneRecord], target: DeviceTarget | None = None, settings: LoopSettings | None = None,
-             max_samples: int = 20_000, efficiency: dict[int, float] = TRUTH, table: ProfileTable = TABLE):  # fmt: skip
+             max_samples: int = 20_000, efficiency: dict[int, float] = TRUTH, table: ProfileTable = TABLE,
+             trust: float = PAPER_TRUST, prior: RelationVector = PRIOR, device_class: type = None):  # fmt: skip
+    """A replayed fine-tune: it starts at equation (4)'s choice on the prior, the loop chooses its
+    start on the belief (`first`: what it runs after that), then it trains to the target."""
     target = target or DeviceTarget(device_id="d")
-    strategy = loop_strategy(starting_vector(PRIOR, records, []), Equation4(PRIOR), solo_batch_sizes(records))
-    first = strategy.choose(table, target.cap_at(0))
-    trainer = WarpTrainer(first.batch_size, efficiency)
-    device = ReplayDevice(table)
-    device.set_frequency(first.frequency_hz)
-    adaptive = control(trainer, device, strategy, target, first.frequency_hz, table)
-    loop = ClosedLoop(adaptive, PRIOR, lambda: records, IDENTITY, settings)
-    outcome, totals = train_to_accuracy(trainer, TARGET, 256, max_samples, 0, device, control=loop)  # type: ignore[arg-type]
+    initial = Equation4(prior).choose(table, target.cap_at(0))
+    trainer = WarpTrainer(initial.batch_size, efficiency)
+    device = (device_class or ReplayDevice)(table)
+    device.set_frequency(initial.frequency_hz)
+    adaptive = control(trainer, device, Equation4(prior), target, initial.frequency_hz, table)
+    loop = ClosedLoop(adaptive, prior, lambda: records, IDENTITY, settings, trust=trust)
+    run = DeviceTotals()
+    loop.start(run)
+    first = (trainer.batch_size, adaptive.frequency_hz)
+    outcome, totals = train_to_accuracy(trainer, TARGET, 256, max_samples, 0, device, totals=run, control=loop)  # type: ignore[arg-type]
     return loop, adaptive, outcome, totals, first
+
+
+def in_run(adaptive: AdaptiveControl) -> list:
+    """The switches after the start."""
+    return [s for s in adaptive.switches if s.samples > 0]
 
 
 def test_the_loop_switches_to_what_the_device_data_shows_is_faster_and_says_why() -> None:
     # an earlier fine-tune on this data ran b=32 to the target; the prior (proxy) says b=8 is fastest
     loop, adaptive, outcome, totals, first = run_loop([solo_record(32, "earlier")])
-    assert (first.batch_size, first.frequency_hz) == (8, 200)  # one measured batch size: the prior decides the start
-    [switch] = adaptive.switches
+    assert first == (8, 200)  # one measured batch size: the prior decides the start
+    [switch] = in_run(adaptive)
     assert (switch.cause, switch.old_batch_size, switch.new_batch_size, switch.new_frequency_hz) == ("evidence", 8, 32, 200)
-    assert "b=[8, 32]" in switch.note and "% faster than b=8" in switch.note
+    assert "evidence: r_b" in switch.note and "% faster than b=8" in switch.note
     gain = int(switch.note.split("b=32 predicted ")[1].split("%")[0])
     assert 25 <= gain <= 35  # the truth: 1 / (1.1 s x 0.7) = 1.30
     assert switch.samples == 4 * 256  # after the minimum dwell of 4 evaluations, the first at which it could match 3 levels
-    assert loop.posterior is not None and loop.posterior.ratio(32) == pytest.approx(0.7 * loop.posterior.ratio(8), rel=0.02)
+    assert loop.belief is not None and loop.belief.measured == {8, 32}
+    assert loop.belief.estimates[32].samples == pytest.approx(0.7 * loop.belief.estimates[8].samples, rel=0.02)
     assert outcome.reached
     # the same run without evidence stays at the prior's choice and takes longer on the device
     _, alone, _, totals_alone, _ = run_loop([])
-    assert alone.switches == [] and totals.elapsed_s < 0.85 * totals_alone.elapsed_s
+    assert in_run(alone) == [] and totals.elapsed_s < 0.85 * totals_alone.elapsed_s
 
 
 def test_a_record_kept_while_the_run_trains_is_evidence_from_the_next_evaluation() -> None:
@@ -159,24 +172,24 @@ def test_a_resumed_run_s_curve_starts_where_it_resumed() -> None:
 def test_a_second_job_on_the_same_data_starts_at_the_measured_best_and_never_switches() -> None:
     records = [solo_record(8, "one"), solo_record(32, "two")]
     loop, adaptive, outcome, _, first = run_loop(records)
-    assert (first.batch_size, first.frequency_hz) == (32, 200)
-    assert adaptive.switches == [] and loop.decisions == [] and outcome.reached
-    start = starting_vector(PRIOR, records, [])
-    assert start.provenance is not None and start.provenance.source == "learned"
-    assert start.provenance.measured_batch_sizes == [8, 32] and start.provenance.records == ["one", "two"]
+    assert first == (32, 200)
+    assert in_run(adaptive) == [] and loop.decisions == [] and outcome.reached
+    provenance = loop.provenance()
+    assert provenance is not None and provenance.source == "learned"
+    assert provenance.measured_batch_sizes == [8, 32] and provenance.records == ["one", "two"]
 
 
 def test_small_predicted_gains_dwell_and_the_switch_budget_prevent_switching() -> None:
     nearly = {8: 1.0, 32: 1.1 * 1.08, 128: 1.0}  # b=32 8 % faster than b=8 (1.1 s per 1000 samples against 1.0 s)
     loop, adaptive, *_ = run_loop([solo_record(32, "earlier", efficiency=nearly[32])], efficiency=nearly)
-    assert adaptive.switches == [] and loop.posterior is not None  # evidence seen, gain under the 10 % hysteresis
+    assert in_run(adaptive) == [] and loop.belief is not None and loop.belief.measured == {8, 32}  # seen; under the 10 % hysteresis
     loop, adaptive, *_ = run_loop([solo_record(32, "earlier", efficiency=nearly[32])], efficiency=nearly,
                                   settings=LoopSettings(hysteresis=0.05))  # fmt: skip
-    assert [s.new_batch_size for s in adaptive.switches] == [32]
+    assert [s.new_batch_size for s in in_run(adaptive)] == [32]
     loop, adaptive, *_ = run_loop([solo_record(32, "earlier")], settings=LoopSettings(max_switches=0))
-    assert adaptive.switches == [] and loop.decisions == []
+    assert in_run(adaptive) == [] and loop.decisions == []
     loop, adaptive, *_ = run_loop([solo_record(32, "earlier")], settings=LoopSettings(min_dwell_evaluations=12))
-    assert [s.samples for s in adaptive.switches] == [12 * 256]
+    assert [s.samples for s in in_run(adaptive)] == [12 * 256]
 
 
 def test_evidence_is_the_first_segment_so_a_switch_is_never_undone_by_later_noise() -> None:
@@ -184,14 +197,14 @@ def test_evidence_is_the_first_segment_so_a_switch_is_never_undone_by_later_nois
     # curve up to the switch and the records) stays fixed after that, however many switches it may make
     records = [solo_record(32, "a", samples=2048, efficiency=1.6), solo_record(128, "b", efficiency=2.0)]
     loop, adaptive, outcome, *_ = run_loop(records, settings=LoopSettings(max_switches=5))
-    assert [(s.cause, s.old_batch_size, s.new_batch_size) for s in adaptive.switches] == [("evidence", 8, 128)]
+    assert [(s.cause, s.old_batch_size, s.new_batch_size) for s in in_run(adaptive)] == [("evidence", 8, 128)]
     assert loop.switches == 1 and outcome.reached
 
 
-def test_a_cap_change_after_an_evidence_switch_selects_with_the_posterior() -> None:
+def test_a_cap_change_after_an_evidence_switch_selects_with_the_belief() -> None:
     target = DeviceTarget(device_id="d", power_cap_schedule=[[0.0, None], [2.0, 3.2]])
     loop, adaptive, outcome, _, _ = run_loop([solo_record(32, "earlier")], target=target)
-    causes = [(s.cause, s.new_batch_size, s.new_frequency_hz) for s in adaptive.switches]
+    causes = [(s.cause, s.new_batch_size, s.new_frequency_hz) for s in in_run(adaptive)]
     assert causes == [("evidence", 32, 200), ("cap", 32, 100)]
     # the prior alone would have moved to b=8 at 200 Hz under 3.2 W
     assert Equation4(PRIOR).choose(TABLE, 3.2).batch_size == 8
@@ -210,28 +223,13 @@ def test_the_loop_never_undoes_the_power_guard() -> None:
     # at 3.6 W b=32 runs at 200 Hz (3.5 W in the table); the device reads 3.675 W, so the guard
     # steps down to 100 Hz and stays there; the loop, which sees b=32 as best, leaves the frequency alone
     records = [solo_record(8, "one"), solo_record(32, "two")]
-    strategy = loop_strategy(starting_vector(PRIOR, records, []), Equation4(PRIOR), solo_batch_sizes(records))
-    first = strategy.choose(TABLE, 3.6)
-    trainer, device = WarpTrainer(first.batch_size), HotDevice(TABLE)
-    device.set_frequency(first.frequency_hz)
-    adaptive = control(trainer, device, strategy, DeviceTarget(device_id="d", power_cap_w=3.6), first.frequency_hz)
-    loop = ClosedLoop(adaptive, PRIOR, lambda: records, IDENTITY)
-    outcome, totals = train_to_accuracy(trainer, TARGET, 256, 20_000, 0, device, control=loop)  # type: ignore[arg-type]
-    assert (first.batch_size, first.frequency_hz) == (32, 200)
-    assert [(s.cause, s.new_frequency_hz) for s in adaptive.switches] == [("guard", 100)]
-    assert loop.decisions == [] and loop.posterior is not None and outcome.reached
+    target = DeviceTarget(device_id="d", power_cap_w=3.6)
+    loop, adaptive, outcome, totals, first = run_loop(records, target=target, device_class=HotDevice)
+    assert first == (32, 200)
+    assert [(s.cause, s.new_frequency_hz) for s in in_run(adaptive)] == [("guard", 100)]
+    assert loop.decisions == [] and loop.belief is not None and outcome.reached
     record = loop.finish(totals, outcome)  # one batch size throughout: a solo run, whatever the guard did
     assert [(s.batch_size, s.frequency_hz) for s in record.segments] == [(32, 200)] and record.solo_samples() == (32, outcome.samples_to_accuracy)
-
-
-def test_posterior_keeps_the_best_measured_batch_size_unless_an_unmeasured_one_wins_by_the_margin() -> None:
-    vector = RelationVector(batch_sizes=[8, 32, 128], ratios=[0.9, 0.8, 0.5])
-    assert Posterior(vector, frozenset({8, 32})).choose(TABLE, None).batch_size == 128  # 0.6 s against 0.88 s
-    close = RelationVector(batch_sizes=[8, 32, 128], ratios=[0.9, 0.8, 0.72])
-    kept = Posterior(close, frozenset({8, 32}), margin=0.05).choose(TABLE, None)
-    assert kept.batch_size == 32 and "within 5%" in (kept.note or "")
-    # a proxy's vector: the job's own strategy, guarded
-    assert loop_strategy(PRIOR, Robust(PRIOR), frozenset()) == Guarded(Robust(PRIOR), PRIOR, frozenset())
 
 
 def test_the_record_keeps_every_segment_with_its_curve() -> None:
@@ -264,48 +262,53 @@ def test_reselect_switches_for_evidence_only_when_the_configuration_changes_and_
     assert len(adaptive.switches) == 1 and adaptive.strategy == Equation4(PRIOR)  # adopted for the resume
 
 
-# b=8 takes 1.8 s per 1000 samples at 200 Hz, b=128 1.2 s: the prior's b=8 (1.8 x 0.6 = 1.08 s)
+# b=8 takes 1.8 s per 1000 samples at 200 Hz, b=32 1.4 s, b=128 1.2 s: the prior's b=8 (1.8 x 0.6 = 1.08 s)
 # is faster only if it needs 0.6 of b=128's samples, and 50 % slower if it needs as many
 SLOW_SMALL = TABLE.model_copy(update={"time_s": [[3.6, 1.8], [2.8, 1.4], [2.4, 1.2]]})
 
 
-def test_the_guard_runs_the_largest_batch_until_the_data_measured_it() -> None:
-    choice = Guarded(Equation4(PRIOR), PRIOR, frozenset()).choose(SLOW_SMALL, None)
-    assert (choice.batch_size, choice.frequency_hz) == (128, 200)
-    assert "b=128 until this data measures both" in (choice.note or "") and "50% slower" in (choice.note or "")
-    for solo in ({8, 32}, {128}, {32, 128}):
-        assert Guarded(Equation4(PRIOR), PRIOR, frozenset(solo)).choose(SLOW_SMALL, None).batch_size == 128
-    assert Guarded(Equation4(PRIOR), PRIOR, frozenset({8, 128})).choose(SLOW_SMALL, None).batch_size == 8  # both measured
-    assert Guarded(Equation4(PRIOR), PRIOR, frozenset()).choose(TABLE, None).batch_size == 8  # at r_b = 1, 17 % faster: safe
-
-
-def test_a_first_job_on_a_wrong_proxy_is_never_slower_than_the_largest_batch() -> None:
+def test_a_first_job_follows_the_proxy_as_far_as_it_earned_on_other_data() -> None:
     # on this data every batch size needs the same samples: the proxy's r_8 = 0.6 is wrong
     flat = {8: 1.0, 32: 1.0, 128: 1.0}
-    loop, adaptive, outcome, totals, first = run_loop([], efficiency=flat, table=SLOW_SMALL)
-    assert first.batch_size == 128 and adaptive.switches == [] and outcome.reached
-    unguarded = Equation4(PRIOR).choose(SLOW_SMALL, None)
-    trainer, device = WarpTrainer(unguarded.batch_size, flat), ReplayDevice(SLOW_SMALL)
-    device.set_frequency(unguarded.frequency_hz)
-    _, alone = train_to_accuracy(trainer, TARGET, 256, 20_000, 0, device)  # type: ignore[arg-type]
-    assert unguarded.batch_size == 8 and totals.elapsed_s < alone.elapsed_s / 1.4
+    _, trusting, _, trusted_totals, first = run_loop([], efficiency=flat, table=SLOW_SMALL)
+    assert first == (8, 200) and in_run(trusting) == []  # the paper's trust: at worst r_8 = 0.65, 2.5 % faster than b=128
+    loop, adaptive, outcome, totals, first = run_loop([], efficiency=flat, table=SLOW_SMALL, trust=0.6)  # far off elsewhere
+    assert first == (128, 200) and in_run(adaptive) == [] and outcome.reached
+    assert totals.elapsed_s < trusted_totals.elapsed_s / 1.4  # the largest batch is never slower than Baseline 1
 
 
-def test_from_the_largest_batch_the_loop_moves_down_when_the_data_shows_the_smaller_faster() -> None:
-    # a b=8 run on this data needed half of b=128's samples (0.9 s against 1.2 s); no run measured
-    # b=128, so the run starts there, and its own curve measures it against the b=8 record
-    efficiency = {8: 2.0, 32: 1.0, 128: 1.0}
-    loop, adaptive, outcome, *_ = run_loop([solo_record(8, "earlier", efficiency=2.0)], efficiency=efficiency, table=SLOW_SMALL)
-    [switch] = adaptive.switches
-    assert (switch.old_batch_size, switch.new_batch_size, switch.cause) == (128, 8, "evidence")
-    assert switch.samples == 4 * 256 and "b=[8, 128]" in (switch.note or "") and outcome.reached
+def test_a_batch_size_between_two_measured_ones_is_explored_measured_and_kept_when_faster() -> None:
+    # b=8 and b=128 ran on this data; the proxy's r_32 = 0.8 makes b=32 slower than b=8, but the data allows
+    # as little as b=8 needs: b=32 is explored, its own solo curve measures it, and it is kept (8.4 s against 9 s)
+    truth = {8: P0 * math.log(100) / 5000, 32: P0 * math.log(100) / 6000, 128: P0 * math.log(100) / 10000}
+    records = [solo_record(8, "one", efficiency=truth[8]), solo_record(128, "two", efficiency=truth[128])]
+    settings = LoopSettings(policy=ExplorationPolicy(budget=0.12))  # these runs are short: 20 evaluations to the target
+    loop, adaptive, outcome, totals, first = run_loop(records, efficiency=truth, table=SLOW_SMALL, settings=settings)
+    assert first == (32, 200) and in_run(adaptive) == [] and outcome.reached
+    report = loop.exploration
+    assert report is not None and (report.batch_size, report.exploit_batch_size, report.against) == (32, 8, [8, 128])
+    assert 0 < report.cost_bound <= 0.12 and report.measured_at_samples is not None and report.measured_at_samples <= 6 * 256
+    assert "kept" in report.outcome and "r_b 0.60" in report.outcome, report.outcome  # 6000 / 10000
+    # the same with a smaller budget: b=8 runs, and the run takes longer
+    _, plain, _, plain_totals, plain_first = run_loop(records, efficiency=truth, table=SLOW_SMALL)
+    assert plain_first == (8, 200) and totals.elapsed_s < plain_totals.elapsed_s
+
+
+def test_an_explored_batch_size_measured_slower_is_left_for_the_exploit_choice() -> None:
+    truth = {8: P0 * math.log(100) / 5000, 32: P0 * math.log(100) / 8000, 128: P0 * math.log(100) / 10000}  # b=32: 11.2 s
+    records = [solo_record(8, "one", efficiency=truth[8]), solo_record(128, "two", efficiency=truth[128])]
+    loop, adaptive, outcome, *_ = run_loop(records, efficiency=truth, table=SLOW_SMALL,
+                                           settings=LoopSettings(policy=ExplorationPolicy(budget=0.12)))  # fmt: skip
+    [switch] = in_run(adaptive)
+    assert (switch.old_batch_size, switch.new_batch_size) == (32, 8) and switch.samples <= 6 * 256
+    assert loop.exploration is not None and "left" in loop.exploration.outcome and outcome.reached
 
 
 def test_a_first_job_starts_from_records_of_similar_data_blended_with_the_prior() -> None:
     # runs on similar data (another fraction) found b=32 needing a third of b=8's samples; the
     # prior says 0.6 / 0.8: blended, b=32 is faster (1.1 s x 0.67 against 1.0 s)
     similar = [solo_record(8, "one"), solo_record(32, "two", efficiency=3.0)]
-    start = starting_vector(PRIOR, [], similar)
-    assert start.provenance is not None and start.provenance.source == "learned"
-    choice = loop_strategy(start, Equation4(PRIOR), frozenset()).choose(TABLE, None)
-    assert choice.batch_size == 32 and Equation4(PRIOR).choose(TABLE, None).batch_size == 8
+    blended = learned_vector(similar, PRIOR, similar=True)
+    assert blended is not None and blended.provenance is not None and blended.provenance.source == "learned"
+    *_, first = run_loop([], prior=blended)
+    assert first[0] == 32 and Equation4(PRIOR).choose(TABLE, None).batch_size == 8

@@ -1,0 +1,112 @@
+"""The belief about one data's N_b, the learned trust in a proxy, and the exploration policy,
+as pure functions: solo curves in (a stretched test-loss curve per batch size, as solo runs on
+one data give), estimates, intervals and choices out."""
+
+import math
+
+import pytest
+
+from edgetrain.common.belief import PAPER_TRUST, belief
+from edgetrain.common.exploration import ExplorationPolicy, baseline1_per_sample_s, candidates
+from edgetrain.common.learned import DataIdentity, FinetuneRecord, Segment
+from edgetrain.common.schemas import LearningRatePolicy, ProfileTable, RelationVector
+from edgetrain.common.trust import PAPER_WEIGHT, ProxyCheck, proxy_check, trust_width
+
+B = [16, 32, 64, 128]
+TRUE_N = {16: 6000, 32: 7000, 64: 8000, 128: 10000}  # the target's N_b: r_64 = 0.8
+PRIOR = RelationVector(batch_sizes=B, ratios=[0.4, 0.5, 0.9, 1.0], samples_mean=[800.0, 1000.0, 1800.0, 2000.0])  # r_64 0.9: wrong
+
+
+def solo(b: int, n: int | None = None, seed: int = 0, reached: bool = True) -> FinetuneRecord:
+    """A solo run at b on the target: test loss 2 * exp(-3 * samples / N_b), evaluated every 256 samples to N_b."""
+    end = TRUE_N[b] if n is None else n
+    curve = [(s, 0.0, 2 * math.exp(-3 * s / TRUE_N[b])) for s in range(0, end + 1, 256)]
+    return FinetuneRecord(
+        record_id=f"r{b}-{seed}", model="m", weights="init:0", data=DataIdentity(name="d", fraction=1.0), target_accuracy=0.9,
+        lr=LearningRatePolicy(), eval_every_samples=256, device_type="twin", power_cap_w=None, seed=seed,
+        segments=[Segment(batch_size=b, frequency_hz=1, start_samples=0, end_samples=end, device_time_s=1.0, curve=curve)],
+        reached=reached and n is None, samples_to_accuracy=TRUE_N[b] if reached and n is None else None,
+    )  # fmt: skip
+
+
+def table(per_sample: dict[int, float]) -> ProfileTable:
+    """One frequency, no power limits: T[b] for 1000 samples."""
+    return ProfileTable(batch_sizes=B, frequencies_hz=[1000], samples=1000, time_s=[[per_sample[b] * 1000] for b in B],
+                        peak_power_w=[[1.0] for _ in B], max_batch_size=128)  # fmt: skip
+
+
+def test_without_records_the_belief_is_the_prior_within_the_trust_width() -> None:
+    view = belief([], PRIOR, trust_width=0.1)
+    e64 = view.estimates[64]
+    assert (e64.samples, e64.source, view.measured) == (1800.0, "prior", frozenset())
+    assert e64.low == pytest.approx(1800 * math.exp(-0.1)) and e64.high == pytest.approx(1800 * math.exp(0.1))
+    assert belief([], PRIOR).trust_width == PAPER_TRUST
+
+
+def test_measured_neighbours_bound_a_batch_size_between_them_and_scale_the_others() -> None:
+    view = belief([solo(32), solo(128)], PRIOR, trust_width=0.1)
+    assert view.measured == {32, 128}
+    assert view.estimates[32].samples == pytest.approx(7000, rel=0.02) and view.estimates[128].samples == pytest.approx(10000, rel=0.02)
+    e64 = view.estimates[64]
+    assert e64.source == "bounded" and e64.optimistic == pytest.approx(view.estimates[32].low)  # as few as b=32 needs
+    assert view.estimates[32].low <= e64.low <= e64.samples <= e64.high <= view.estimates[128].high
+    assert view.estimates[16].source == "prior" and view.estimates[16].high <= view.estimates[32].high * 1.2
+
+
+def test_the_proxy_error_on_one_data_and_the_trust_learned_from_several() -> None:
+    check = proxy_check([solo(32), solo(128)], PRIOR, "data-1")
+    measured_ratio, proxy_ratio = 7000 / 10000, 1000 / 2000
+    assert check.error == pytest.approx(abs(math.log(measured_ratio / proxy_ratio)), rel=0.05) and check.pairs == 1
+    assert proxy_check([solo(32)], PRIOR) is None  # one batch size says nothing about r_b
+    assert trust_width([]) == PAPER_TRUST  # no history: the paper's figure
+    far = [ProxyCheck(data=f"d{i}", error=0.4, pairs=1) for i in range(4)]
+    near = [ProxyCheck(data=f"d{i}", error=0.02, pairs=1) for i in range(4)]
+    assert trust_width(far) > 0.3 and trust_width(near) <= PAPER_TRUST  # a proxy far off elsewhere is trusted less, a good one more
+    assert trust_width(far[:1]) < trust_width(far)  # one far check weighs against the paper's PAPER_WEIGHT
+    assert PAPER_WEIGHT >= 1
+
+
+def test_a_candidate_slower_per_sample_than_baseline1_runs_only_where_the_trusted_worst_case_is_safe() -> None:
+    per_sample = {16: 0.0020, 32: 0.0015, 64: 0.00115, 128: 0.0010}  # no cap: Baseline 1 runs b=128 at full speed
+    tbl, policy = table(per_sample), ExplorationPolicy()
+    prior = PRIOR.model_copy(update={"ratios": [0.4, 0.5, 0.6, 1.0], "samples_mean": [800.0, 1000.0, 1200.0, 2000.0]})
+    trusted = belief([], prior)  # the paper's trust: r_64 at most 0.6 * e^0.08 = 0.65, so 0.75x Baseline 1 at worst
+    found = candidates(tbl, None, trusted, "closed_loop")
+    b1 = baseline1_per_sample_s(tbl, None, trusted, None, found)
+    assert b1 == pytest.approx(0.0010)
+    assert policy.exploit(found, b1).batch_size == 64
+    doubted = belief([], prior, trust_width=0.6)  # a proxy far off on other data: r_64 up to 1, 15 % slower than Baseline 1
+    assert policy.exploit(candidates(tbl, None, doubted, "closed_loop"), b1).batch_size == 128
+    measured = belief([solo(64), solo(128)], prior, trust_width=0.6)  # measured on this data: the trust no longer matters
+    assert policy.exploit(candidates(tbl, None, measured, "closed_loop"), b1).batch_size == 64  # 0.00115 * 8000 < 0.001 * 10000
+
+
+def test_a_batch_size_between_two_measured_ones_is_explored_within_the_budget() -> None:
+    per_sample = {16: 0.0020, 32: 0.0015, 64: 0.00110, 128: 0.0010}
+    tbl, policy = table(per_sample), ExplorationPolicy(budget=0.06)
+    view = belief([solo(32), solo(128)], PRIOR)  # the prior's r_64 = 0.9 says b=64 loses; the data allows as low as r_32 = 0.7
+    found = candidates(tbl, None, view, "closed_loop")
+    b1 = baseline1_per_sample_s(tbl, None, view, None, found)
+    choice = policy.choose(found, b1, view, 256)
+    assert choice.role == "explore" and choice.selection.batch_size == 64 and choice.exploit.batch_size == 128
+    assert choice.measure_by_samples == 6 * 256 and 0 < choice.cost_bound <= policy.budget
+    # the cost: 6 evaluations at b=64, each sample worth at least N_128 / N_64,worst of b=128's, and one interval for the switch
+    worst_progress = view.estimates[128].samples / view.estimates[64].high
+    expected = (1536 * (0.0011 - 0.0010 * worst_progress) + 256 * 0.0010) / (0.0010 * view.estimates[128].samples)
+    assert choice.cost_bound == pytest.approx(expected)
+    assert "exploring b=64" in choice.selection.note and "matched against b=[32, 128]" in choice.selection.note
+    assert ExplorationPolicy(budget=0.03).choose(found, b1, view, 256).role == "exploit"  # the same cost is over a smaller budget
+    assert policy.choose(found, b1, view, 256, explore=False).role == "exploit"
+
+
+def test_nothing_is_explored_without_a_measured_partner_unless_its_whole_worst_case_fits_the_budget() -> None:
+    per_sample = {16: 0.0020, 32: 0.0015, 64: 0.00110, 128: 0.0010}
+    tbl, policy = table(per_sample), ExplorationPolicy()
+    view = belief([], PRIOR.model_copy(update={"ratios": [0.9, 0.95, 0.95, 1.0], "samples_mean": [1800.0, 1900.0, 1900.0, 2000.0]}))
+    found = candidates(tbl, None, view, "closed_loop")
+    # b=64 may be 4 % faster at the low end of the trust; with nothing to match its curve against, running it means running it
+    # to the end, up to 13 % slower at the high end: over the budget
+    choice = policy.choose(found, 0.0010, view, 256)
+    assert choice.role == "exploit" and choice.selection.batch_size == 128
+    generous = ExplorationPolicy(budget=0.2).choose(found, 0.0010, view, 256)
+    assert generous.role == "explore" and generous.measure_by_samples is None and "no run measured another batch size" in generous.selection.note
