@@ -197,7 +197,7 @@ class ClosedLoop:
         """The record of the finished run, its last evaluations taken in."""
         self._take_in(run)
         if self._exploring is not None:
-            self._ended_exploration(run, "the run reached its end before its N_b was measured")
+            self._ended_exploration("the run reached its end before its N_b was measured")
         return self.partial_record(outcome)
 
     def provenance(self) -> VectorProvenance | None:
@@ -218,35 +218,48 @@ class ClosedLoop:
         now = self.belief if solo_over and self.belief else belief([*self.records, self.partial_record()], self.prior, self.trust)
         self.belief = now
         strategy = Believed(now, self.settings.policy, self.power_envelope_w)
-        s, running = self.settings, self._config()
-        if self._exploring is not None:
-            measured = running[0] in now.measured
-            late = self._exploring.measure_by_samples is None or self.adaptive.trainer.samples >= 2 * self._exploring.measure_by_samples
-            if not measured and not late:
-                return
-            self._ended_exploration(run, None if measured else "its N_b was not measured in twice the samples planned")
-            ending, threshold = True, s.policy.min_gain
-        else:
-            if self._since_switch < s.min_dwell_evaluations or self.switches >= s.max_switches:
+        ending = self._exploring is not None
+        threshold = self._threshold()
+        if threshold is None:
+            if not ending:
                 self.adaptive.strategy = strategy  # cap changes and the guard select with the evidence from now on
-                return
-            ending, threshold = False, s.hysteresis
+            return
         self.adaptive.strategy = strategy
+        note = self._switch_if_faster(run, now, strategy, threshold)
+        if ending:
+            self._explored(note is None, note or "")
+
+    def _threshold(self) -> float | None:
+        """The predicted gain a switch needs now; None when none may happen now (an exploration
+        not measured yet, the dwell, the switch budget)."""
+        s = self.settings
+        if self._exploring is not None:
+            assert self.belief is not None
+            measured = self.adaptive.trainer.batch_size in self.belief.measured
+            planned = self._exploring.measure_by_samples
+            if not measured and planned is not None and self.adaptive.trainer.samples < 2 * planned:
+                return None
+            self._ended_exploration(None if measured else "its N_b was not measured in twice the samples planned")
+            return s.policy.min_gain
+        if self._since_switch < s.min_dwell_evaluations or self.switches >= s.max_switches:
+            return None
+        return s.hysteresis
+
+    def _switch_if_faster(self, run: DeviceTotals, now: Belief, strategy: Believed, threshold: float) -> str | None:
+        """Switch to the belief's choice when it is predicted faster than the running
+        configuration by more than `threshold`; returns the switch's note (None: no switch)."""
+        running = self._config()
         try:
             table, cap = self.adaptive.selecting()
             found = {c.batch_size: c for c in candidates(table, cap, now, strategy.name)}
             choice = self.adaptive.choose(strategy)
         except SelectionError:
-            return
+            return None
         if choice.batch_size == running[0] or running[0] not in found or choice.batch_size not in found:
-            if ending:
-                self._explored(True, "")
-            return
+            return None
         running_s, choice_s = found[running[0]].expected_s, found[choice.batch_size].expected_s
         if choice_s * (1 + threshold) >= running_s:
-            if ending:
-                self._explored(True, "")
-            return
+            return None
         note = (f"evidence: {now.line()}; b={choice.batch_size} predicted {running_s / choice_s - 1:.0%} faster than "
                 f"b={running[0]}")  # fmt: skip
         decision = EvidenceSwitch(
@@ -256,11 +269,10 @@ class ClosedLoop:
         self.decisions.append(decision)
         if self.on_decision:
             self.on_decision(decision)
-        if ending:
-            self._explored(False, note)
         self.adaptive.reselect(run, strategy, note)
+        return note
 
-    def _ended_exploration(self, run: DeviceTotals, why_not: str | None) -> None:
+    def _ended_exploration(self, why_not: str | None) -> None:
         """Close the exploration: its N_b measured (`why_not` None) or given up (why)."""
         assert self._exploring is not None and self.exploration is not None
         b, samples = self._exploring.selection.batch_size, self.adaptive.trainer.samples
@@ -273,7 +285,7 @@ class ClosedLoop:
         self._exploring = None
 
     def _explored(self, kept: bool, note: str) -> None:
-        """Say what an exploration ended in: kept, or left (the switch's note)."""
+        """Say what a measured exploration ended in: kept, or left (the switch's note)."""
         if self.exploration is not None and self.exploration.outcome and self.exploration.measured_at_samples is not None:
             more = "kept: nothing is predicted faster" if kept else f"left: {note.split('; ')[-1]}"
             self.exploration = self.exploration.model_copy(update={"outcome": f"{self.exploration.outcome}; {more}"})

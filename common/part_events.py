@@ -33,9 +33,9 @@ holds, so a worker that was frozen and replaced cannot change the part again."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -212,65 +212,86 @@ class Change(Strict):
 
 def transition(part: DevicePart, event: PartEvent, now: datetime) -> Change:
     """The part after `event` (see the module docstring); Refused when it does not apply."""
-    state = part.state
-    if isinstance(event, Waiting):
-        _open(part, event)
-        kind = EventKind.device_missing if event.device_missing and event.notice else None
-        return _change(part, now, {"waiting": event.notice, "device_missing": event.device_missing}, kind, event.notice)
-    if isinstance(event, Prepared):
-        _expect(part, event, PartState.pending, PartState.profiling, PartState.estimating)
-        return _change(part, now, {"state": event.state, "waiting": None, **event.device.model_dump()})
-    if isinstance(event, Dispatched):
-        _expect(part, event, PartState.pending, PartState.profiling, PartState.estimating)
-        choice = event.selection
-        return _change(
-            part, now,
-            {
-                "state": PartState.finetuning, "waiting": None, **event.device.model_dump(),
-                "dispatch": Dispatch(token=event.token, request=event.request, at=now), "attempt": None,
-                "selection": choice, "estimated_time_to_accuracy_s": event.estimated_time_to_accuracy_s,
-                "baseline1": event.baseline1,
-                "baseline1_estimated_time_to_accuracy_s": event.baseline1_estimated_time_to_accuracy_s,
-            },
-            EventKind.selected, f"selected b={choice.batch_size} f={choice.frequency_hz} Hz; fine-tuning",
-        )  # fmt: skip
-    if isinstance(event, Failed):
-        _open(part, event)
-        if event.attempt is not None:
-            _held(part, event.attempt)
-        return _final(part, now, PartState.failed, event.reason, EventKind.failed, f"failed: {event.reason}")
-    if isinstance(event, Cancelled):
-        _open(part, event)
-        if part.attempt is not None:
-            raise Refused(f"an attempt runs the part ({part.attempt.node}): it is asked to stop instead")
-        return _final(part, now, PartState.cancelled, event.reason, EventKind.cancelled, event.reason)
-    if isinstance(event, CancelRequested):
-        _expect(part, event, PartState.finetuning)
-        if part.attempt is None:
-            raise Refused("no attempt runs the part: it is cancelled at once instead")
-        if part.cancel_requested_at is not None:
-            raise Refused("cancelling was asked for already")
-        return _change(part, now, {"cancel_requested_at": now, "waiting": "cancelled: the fine-tune stops at its next step"})
-    if isinstance(event, Requeued):
-        if part.state == PartState.completed:
-            raise Refused("it completed: submit the job again to fine-tune anew")
-        if state in (PartState.pending, PartState.profiling, PartState.estimating):
-            raise Refused(f"it is {state.value} and goes on by itself")
-        if part.attempt is not None:
-            raise Refused(f"an attempt runs it on {part.attempt.node}: cancel the job first, or wait")
-        changes = {
-            "state": PartState.pending, "reason": None, "waiting": None, "selection": None, "baseline1": None,
-            "estimated_time_to_accuracy_s": None, "baseline1_estimated_time_to_accuracy_s": None, "report": None,
-            "dispatch": None, "cancel_requested_at": None, "requeued_at": now,
-        }  # fmt: skip
-        return _change(part, now, changes, EventKind.requeued, "re-queued")
-    if isinstance(event, Redispatched):
-        _expect(part, event, PartState.finetuning)
-        if part.dispatch is None or part.dispatch.token != event.token or part.attempt is not None:
-            raise Refused("the dispatch moved on")
-        return _change(part, now, {"dispatch": part.dispatch.model_copy(update={"at": now})}, EventKind.attempt_lost,
-                       f"nothing ran the fine-tune and none of its messages waited on its queue: {event.outcome}")
-    return _attempt_transition(part, event, now)
+    return _RULES.get(type(event), _attempt_transition)(part, event, now)
+
+
+def _waiting(part: DevicePart, event: Waiting, now: datetime) -> Change:
+    _open(part, event)
+    kind = EventKind.device_missing if event.device_missing and event.notice else None
+    return _change(part, now, {"waiting": event.notice, "device_missing": event.device_missing}, kind, event.notice)
+
+
+def _prepared(part: DevicePart, event: Prepared, now: datetime) -> Change:
+    _expect(part, event, PartState.pending, PartState.profiling, PartState.estimating)
+    return _change(part, now, {"state": event.state, "waiting": None, **event.device.model_dump()})
+
+
+def _dispatched(part: DevicePart, event: Dispatched, now: datetime) -> Change:
+    _expect(part, event, PartState.pending, PartState.profiling, PartState.estimating)
+    choice = event.selection
+    return _change(
+        part, now,
+        {
+            "state": PartState.finetuning, "waiting": None, **event.device.model_dump(),
+            "dispatch": Dispatch(token=event.token, request=event.request, at=now), "attempt": None,
+            "selection": choice, "estimated_time_to_accuracy_s": event.estimated_time_to_accuracy_s,
+            "baseline1": event.baseline1,
+            "baseline1_estimated_time_to_accuracy_s": event.baseline1_estimated_time_to_accuracy_s,
+        },
+        EventKind.selected, f"selected b={choice.batch_size} f={choice.frequency_hz} Hz; fine-tuning",
+    )  # fmt: skip
+
+
+def _failed(part: DevicePart, event: Failed, now: datetime) -> Change:
+    _open(part, event)
+    if event.attempt is not None:
+        _held(part, event.attempt)
+    return _final(part, now, PartState.failed, event.reason, EventKind.failed, f"failed: {event.reason}")
+
+
+def _cancelled(part: DevicePart, event: Cancelled, now: datetime) -> Change:
+    _open(part, event)
+    if part.attempt is not None:
+        raise Refused(f"an attempt runs the part ({part.attempt.node}): it is asked to stop instead")
+    return _final(part, now, PartState.cancelled, event.reason, EventKind.cancelled, event.reason)
+
+
+def _cancel_requested(part: DevicePart, event: CancelRequested, now: datetime) -> Change:
+    _expect(part, event, PartState.finetuning)
+    if part.attempt is None:
+        raise Refused("no attempt runs the part: it is cancelled at once instead")
+    if part.cancel_requested_at is not None:
+        raise Refused("cancelling was asked for already")
+    return _change(part, now, {"cancel_requested_at": now, "waiting": "cancelled: the fine-tune stops at its next step"})
+
+
+def _requeued(part: DevicePart, event: Requeued, now: datetime) -> Change:
+    if part.state == PartState.completed:
+        raise Refused("it completed: submit the job again to fine-tune anew")
+    if part.state in (PartState.pending, PartState.profiling, PartState.estimating):
+        raise Refused(f"it is {part.state.value} and goes on by itself")
+    if part.attempt is not None:
+        raise Refused(f"an attempt runs it on {part.attempt.node}: cancel the job first, or wait")
+    changes = {
+        "state": PartState.pending, "reason": None, "waiting": None, "selection": None, "baseline1": None,
+        "estimated_time_to_accuracy_s": None, "baseline1_estimated_time_to_accuracy_s": None, "report": None,
+        "dispatch": None, "cancel_requested_at": None, "requeued_at": now,
+    }  # fmt: skip
+    return _change(part, now, changes, EventKind.requeued, "re-queued")
+
+
+def _redispatched(part: DevicePart, event: Redispatched, now: datetime) -> Change:
+    _expect(part, event, PartState.finetuning)
+    if part.dispatch is None or part.dispatch.token != event.token or part.attempt is not None:
+        raise Refused("the dispatch moved on")
+    return _change(part, now, {"dispatch": part.dispatch.model_copy(update={"at": now})}, EventKind.attempt_lost,
+                   f"nothing ran the fine-tune and none of its messages waited on its queue: {event.outcome}")  # fmt: skip
+
+
+_RULES: dict[type, Callable[[DevicePart, Any, datetime], Change]] = {
+    Waiting: _waiting, Prepared: _prepared, Dispatched: _dispatched, Failed: _failed, Cancelled: _cancelled,
+    CancelRequested: _cancel_requested, Requeued: _requeued, Redispatched: _redispatched,
+}  # fmt: skip  # the attempt's own events: _attempt_transition
 
 
 AttemptEvent = AttemptStarted | AttemptNoticed | AttemptLost | AttemptStopped | AttemptFinished | AttemptFailed | AttemptCancelled

@@ -17,6 +17,7 @@ import redis
 from pydantic import ValidationError
 
 from edgetrain.common.admission import dataset_refs, spec_problems
+from edgetrain.common.belief import Belief, belief
 from edgetrain.common.datasets import USER_DATA, DatasetMissingError, locate
 from edgetrain.common.documents import nesting_problem
 from edgetrain.common.federated.records import FederatedRecord, FederatedState, FederatedStatus
@@ -25,11 +26,13 @@ from edgetrain.common.ids import checked_id
 from edgetrain.common.jobs import DevicePart, JobState, JobStatus, JobSummary, PartState
 from edgetrain.common.keys import (
     DEFAULT_PREFIX,
+    learned_key,
     table_id,
     table_resource,
     vector_key,
     vector_resource,
 )
+from edgetrain.common.learned import DataIdentity
 from edgetrain.common.limits import STATUS_PARTS
 from edgetrain.common.models import get_model
 from edgetrain.common.part_events import Refused, Requeued
@@ -50,6 +53,7 @@ from edgetrain.common.schemas import (
 from edgetrain.common.settings import Settings, get_settings
 from edgetrain.common.store import JobFinished, JobNotFoundError, LiveWorker, Store, claim_token
 from edgetrain.common.store.resources import OnSetAside
+from edgetrain.common.trust import proxy_family, trust_width
 
 from .app import producer_app
 from .contract import TaskName, device_queue, send
@@ -415,6 +419,25 @@ class EdgeTrainClient:
         if record is None:
             raise JobNotFoundError(f"no job {job_id!r}")
         return self.store.resources.vector(vector_key(record.spec.estimation_request()), on_set_aside)
+
+    def beliefs(self, job_id: str, vector: RelationVector) -> dict[str, Belief]:
+        """What the fleet believes now about the N_b of each data of a job (common/belief.py), by
+        data label, from the records of runs on it and `vector` (the job's proxy vector) trusted
+        as far as it earned on other data; data read from a path on the devices is left out."""
+        record = self.store.jobs.record(checked_id(job_id, "job_id"))
+        if record is None:
+            raise JobNotFoundError(f"no job {job_id!r}")
+        spec, family = record.spec, proxy_family(vector.request)
+        found: dict[str, Belief] = {}
+        for ref in {(t.dataset or spec.dataset).model_dump_json(): t.dataset or spec.dataset for t in spec.devices}.values():
+            if ref.path is not None:
+                continue
+            data = DataIdentity(name=ref.name, fraction=ref.fraction)
+            key = learned_key(spec.model, spec.weights, data, spec.target_accuracy, spec.lr)
+            trust = trust_width(self.store.learned.checks(family, exclude=key) if family else [])
+            label = ref.name if ref.fraction == 1 else f"{ref.name} ({ref.fraction:g})"
+            found[label] = belief(self.store.learned.records(key) + self.store.learned.live(key), vector, trust)
+        return found
 
     def estimate(self, request: EstimationRequest | dict[str, Any], timeout_s: float | None = None) -> RelationVector:
         """Estimate (or fetch the cached) relation vector on the server pool and wait for it."""

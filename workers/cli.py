@@ -249,7 +249,12 @@ def cmd_vector_show(args: argparse.Namespace) -> int:
         what = f"job {args.job}'s relation vector is not estimated yet" if args.job else f"no relation vector {args.key!r}"
         print(f"edgetrain: {set_aside[0].line() if set_aside else what}", file=sys.stderr)
         return ExitCode.not_found
-    print(vector.model_dump_json(indent=2)) if args.json else print(format_vector(vector))
+    if args.json:
+        print(vector.model_dump_json(indent=2))
+        return ExitCode.ok
+    print(format_vector(vector))
+    for label, belief in (client.beliefs(args.job, vector) if args.job else {}).items():
+        print(f"what the fleet believes about {label} now: {belief.line()}")
     return ExitCode.ok
 
 

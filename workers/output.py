@@ -71,6 +71,9 @@ def _achieved(d: DeviceReport, target_accuracy: float) -> list[str]:
         lines.append(f"              paused {_fmt(run.paused_s, 's')} at idle clocks: no configuration met the cap")
     if run.learned is not None:
         lines.append(f"  learned   : {run.learned.source}: {run.learned.summary}")
+    if run.exploration is not None:
+        lines.append(f"  explored  : {run.exploration.line()}")
+        lines.append(f"              {run.exploration.note}")
     if run.switches:
         lines.append("  switches  : (device time, cause, cap: old -> new)")
         lines += [f"              {switch.line()}" for switch in run.switches]

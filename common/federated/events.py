@@ -22,9 +22,10 @@ ledger of sent tasks, a round appended); nothing else writes a federated job's s
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from enum import Enum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -129,33 +130,45 @@ def transition(state: FederatedState, event: FederatedEvent, now: datetime) -> C
         if isinstance(event, UpdateAccepted):
             raise UpdateRefused(Accepted.late, f"the job has finished ({state.phase.value})")
         raise Refused(f"the job has finished ({state.phase.value}): {type(event).__name__} does not apply")
-    if isinstance(event, Waiting):
-        return _change(state, now, {"notice": event.notice})
-    if isinstance(event, Finished):
-        if event.aggregating is not None and (state.phase, state.round) != (Phase.aggregating, event.aggregating):
-            raise Refused(f"round {event.aggregating} is not being aggregated (round {state.round}, {state.phase.value})")
-        kind = EventKind.completed if event.phase == Phase.completed else EventKind.failed
-        return _change(state, now, _ended(event.phase, event.reason), kind, event.reason)
-    if isinstance(event, Cancelled):
-        return _change(state, now, _ended(Phase.cancelled, event.reason), EventKind.cancelled, event.reason)
-    if isinstance(event, RoundOpened):
-        _expect(state, event, Phase.starting, Phase.aggregated)
-        if event.round != state.round + 1:
-            raise Refused(f"round {event.round} does not follow round {state.round}")
-        changes = {"phase": Phase.training, "round": event.round, "assignments": event.assignments, "deadline_at": event.deadline_at,
-                   "received": {}, "closed_with": [], "notice": None}  # fmt: skip
-        return _change(state, now, changes, EventKind.federated_round, opened_message(event.round, event.assignments))
-    if isinstance(event, UpdateAccepted):
-        return _accepted(state, event.update, now)
-    if isinstance(event, RoundClosed):
-        _expect(state, event, Phase.training)
-        if event.round != state.round:
-            raise Refused(f"round {event.round} is not open (round {state.round})")
-        closed_with = sorted(state.received)
-        late = sorted({a.device_id for a in state.assignments} - set(closed_with))
-        note = f"; no update from {', '.join(late)} by the deadline" if late else ""
-        changes = {"phase": Phase.aggregating, "closed_with": closed_with, "deadline_at": None}
-        return _change(state, now, changes, EventKind.federated_round, f"round {event.round} closed with {len(closed_with)} updates{note}")
+    return _RULES[type(event)](state, event, now)
+
+
+def _waiting(state: FederatedState, event: Waiting, now: datetime) -> Change:
+    return _change(state, now, {"notice": event.notice})
+
+
+def _finished(state: FederatedState, event: Finished, now: datetime) -> Change:
+    if event.aggregating is not None and (state.phase, state.round) != (Phase.aggregating, event.aggregating):
+        raise Refused(f"round {event.aggregating} is not being aggregated (round {state.round}, {state.phase.value})")
+    kind = EventKind.completed if event.phase == Phase.completed else EventKind.failed
+    return _change(state, now, _ended(event.phase, event.reason), kind, event.reason)
+
+
+def _cancelled(state: FederatedState, event: Cancelled, now: datetime) -> Change:
+    return _change(state, now, _ended(Phase.cancelled, event.reason), EventKind.cancelled, event.reason)
+
+
+def _opened(state: FederatedState, event: RoundOpened, now: datetime) -> Change:
+    _expect(state, event, Phase.starting, Phase.aggregated)
+    if event.round != state.round + 1:
+        raise Refused(f"round {event.round} does not follow round {state.round}")
+    changes = {"phase": Phase.training, "round": event.round, "assignments": event.assignments, "deadline_at": event.deadline_at,
+               "received": {}, "closed_with": [], "notice": None}  # fmt: skip
+    return _change(state, now, changes, EventKind.federated_round, opened_message(event.round, event.assignments))
+
+
+def _closed(state: FederatedState, event: RoundClosed, now: datetime) -> Change:
+    _expect(state, event, Phase.training)
+    if event.round != state.round:
+        raise Refused(f"round {event.round} is not open (round {state.round})")
+    closed_with = sorted(state.received)
+    late = sorted({a.device_id for a in state.assignments} - set(closed_with))
+    note = f"; no update from {', '.join(late)} by the deadline" if late else ""
+    changes = {"phase": Phase.aggregating, "closed_with": closed_with, "deadline_at": None}
+    return _change(state, now, changes, EventKind.federated_round, f"round {event.round} closed with {len(closed_with)} updates{note}")
+
+
+def _aggregated(state: FederatedState, event: RoundAggregated, now: datetime) -> Change:
     _expect(state, event, Phase.aggregating)
     done = event.record
     if done.round != state.round:
@@ -166,6 +179,10 @@ def transition(state: FederatedState, event: FederatedEvent, now: datetime) -> C
     }  # fmt: skip
     message = f"round {done.round} aggregated {len(done.devices)} updates: global accuracy {done.accuracy:.4f}"
     return _change(state, now, changes, EventKind.federated_round, message)
+
+
+def _update(state: FederatedState, event: UpdateAccepted, now: datetime) -> Change:
+    return _accepted(state, event.update, now)
 
 
 def _accepted(state: FederatedState, update: LocalUpdate, now: datetime) -> Change:
@@ -201,10 +218,16 @@ def _expect(state: FederatedState, event: _Event, *phases: Phase) -> None:
         raise Refused(f"the job is {state.phase.value}: {type(event).__name__} applies only when it is {allowed}")
 
 
-def _change(state: FederatedState, now: datetime, changes: dict[str, object], kind: EventKind | None = None,
+def _change(state: FederatedState, now: datetime, changes: Mapping[str, object], kind: EventKind | None = None,
             message: str | None = None) -> Change:  # fmt: skip
     """The state with `changes` (validated) and the log line; the state itself when nothing changes."""
     updated = FederatedState.model_validate({**state.model_dump(), **changes, "updated_at": state.updated_at})
     if updated == state:
         return Change(state=state)
     return Change(state=updated.model_copy(update={"updated_at": now}), kind=kind if message else None, message=message)
+
+
+_RULES: dict[type, Callable[[FederatedState, Any, datetime], Change]] = {
+    Waiting: _waiting, Finished: _finished, Cancelled: _cancelled, RoundOpened: _opened, UpdateAccepted: _update, RoundClosed: _closed,
+    RoundAggregated: _aggregated,
+}  # fmt: skip
