@@ -124,13 +124,18 @@ class EventKind(str, Enum):
     store_failover = "store_failover"  # Redis Sentinel promoted a replica: the store runs on a new master
 
 
+EventField = str | int | float | bool | None
+
+
 class JobEvent(Strict):
-    """One entry of a job's event log."""
+    """One entry of a job's event log: its kind and typed `fields` for programs (e.g. the samples
+    a fine-tune resumed at), the sentence made from them for people."""
 
     at: datetime = Field(default_factory=utc_now)
     kind: EventKind
     device_id: str | None = None
     message: str
+    fields: dict[str, EventField] = Field(default_factory=dict)
 
     def line(self) -> str:
         """The event as one line for people: time, device, message."""

@@ -40,7 +40,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from .control_axis import ControlAxis
-from .jobs import TERMINAL, Attempt, DevicePart, Dispatch, EventKind, PartState, Refused
+from .jobs import TERMINAL, Attempt, DevicePart, Dispatch, EventField, EventKind, PartState, Refused
 from .payloads import FinetuneRequest
 from .reports import completed_message
 from .schemas import RunReport, Selection, Strict
@@ -203,11 +203,13 @@ PartEvent = Annotated[
 
 
 class Change(Strict):
-    """What an event does: the part after it, and the line it adds to the job's log (if any)."""
+    """What an event does: the part after it, and the line it adds to the job's log (if any),
+    with its typed fields."""
 
     part: DevicePart
     kind: EventKind | None = None
     message: str | None = None
+    fields: dict[str, EventField] = Field(default_factory=dict)
 
 
 def transition(part: DevicePart, event: PartEvent, now: datetime) -> Change:
@@ -239,6 +241,7 @@ def _dispatched(part: DevicePart, event: Dispatched, now: datetime) -> Change:
             "baseline1_estimated_time_to_accuracy_s": event.baseline1_estimated_time_to_accuracy_s,
         },
         EventKind.selected, f"selected b={choice.batch_size} f={choice.frequency_hz} Hz; fine-tuning",
+        {"batch_size": choice.batch_size, "frequency_hz": choice.frequency_hz},
     )  # fmt: skip
 
 
@@ -318,7 +321,7 @@ def _attempt_transition(part: DevicePart, event: AttemptEvent, now: datetime) ->
         if event.resumed_at_samples is None:
             return _change(part, now, changes)
         message = f"attempt {attempt.number} resumed from the checkpoint at {event.resumed_at_samples} samples"
-        return _change(part, now, changes, EventKind.resumed, message)
+        return _change(part, now, changes, EventKind.resumed, message, {"attempt": attempt.number, "samples": event.resumed_at_samples})
     _held(part, event.attempt)
     if isinstance(event, AttemptNoticed):
         return _change(part, now, {"waiting": event.notice})
@@ -385,12 +388,14 @@ def _held(part: DevicePart, token: str) -> None:
 
 
 def _change(part: DevicePart, now: datetime, changes: Mapping[str, object], kind: EventKind | None = None,
-            message: str | None = None) -> Change:  # fmt: skip
-    """The part with `changes` (validated), and the log line; the part itself when nothing changes."""
+            message: str | None = None, fields: Mapping[str, EventField] | None = None) -> Change:  # fmt: skip
+    """The part with `changes` (validated), and the log line with its fields; the part itself
+    when nothing changes."""
     updated = DevicePart.model_validate({**part.model_dump(), "device_missing": False, **changes, "updated_at": part.updated_at})
     if updated == part:
         return Change(part=part)
-    return Change(part=updated.model_copy(update={"updated_at": now}), kind=kind if message else None, message=message)
+    return Change(part=updated.model_copy(update={"updated_at": now}), kind=kind if message else None, message=message,
+                  fields=dict(fields or {}) if message else {})  # fmt: skip
 
 
 def _final(part: DevicePart, now: datetime, state: PartState, reason: str | None, kind: EventKind, message: str,

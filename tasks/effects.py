@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from edgetrain.common.effects import ClaimAndEstimate, ClaimAndProfile
+from edgetrain.common.jobs import EventField
 from edgetrain.common.keys import table_resource, vector_resource
 from edgetrain.common.store import claim_token
 
@@ -14,7 +15,7 @@ from .app import app
 from .context import store
 from .contract import TaskName, device_queue, send, send_tracked
 
-Log = Callable[[str, str | None], None]  # (message, device id): a line of the job's log
+Log = Callable[[str, str | None, dict[str, EventField]], None]  # (message, device id, fields): a line of the job's log
 
 
 def claim_and_profile(job_id: str, effect: ClaimAndProfile, log: Log) -> None:
@@ -29,7 +30,8 @@ def claim_and_profile(job_id: str, effect: ClaimAndProfile, log: Log) -> None:
     elif s.coordination.claim(resource, token := claim_token(job_id)):
         request = effect.request.model_copy(update={"owner": token})
         rows = f"rows {request.batch_sizes} " if request.merge else ""
-        log(f"profiling {rows}{effect.table_id} on {request.device_id} ({request.options.mode})", request.device_id)
+        log(f"profiling {rows}{effect.table_id} on {request.device_id} ({request.options.mode})", request.device_id,
+            {"table": effect.table_id, "rows": ",".join(map(str, request.batch_sizes)), "mode": request.options.mode})
         send_tracked(app, s.ledger, TaskName.profile_device, request, device_queue(request.device_id), job_id)
 
 
@@ -42,5 +44,5 @@ def claim_and_estimate(job_id: str, effect: ClaimAndEstimate, log: Log) -> None:
     if s.resources.vector(effect.vector_key) is not None:  # produced since the planner looked
         send(app, TaskName.advance_job, job_id)
     elif s.coordination.claim(resource, job_id):
-        log(f"estimating relation vector {effect.vector_key} on the server queue", None)
+        log(f"estimating relation vector {effect.vector_key} on the server queue", None, {"vector": effect.vector_key})
         send_tracked(app, s.ledger, TaskName.estimate_relation_vector, effect.request, job_id=job_id)

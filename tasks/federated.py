@@ -77,7 +77,7 @@ def carry_out(record: FederatedRecord, step: Step) -> Phase:
         if isinstance(effect, SendTrain):
             send(app, TaskName.federated_train, effect.request, device_queue(effect.request.device_id))
         elif isinstance(effect, ClaimAndProfile):
-            claim_and_profile(job_id, effect, lambda message, device: s.federated.note(job_id, EventKind.profiling, message, device))
+            claim_and_profile(job_id, effect, lambda message, device, _: s.federated.note(job_id, EventKind.profiling, message, device))
     return _phase(job_id)
 
 

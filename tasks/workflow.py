@@ -20,6 +20,7 @@ from edgetrain.common.effects import ClaimAndEstimate, ClaimAndProfile, Note, Re
 from edgetrain.common.jobs import (
     TERMINAL,
     DevicePart,
+    EventField,
     EventKind,
     JobRecord,
     state_of_counts,
@@ -211,8 +212,8 @@ def carry_out(job_id: str, device_id: str, step: Step) -> None:
         return
     s = store()
 
-    def log(message: str, device: str | None) -> None:
-        s.jobs.event(job_id, EventKind.profiling if device else EventKind.estimating, message, device)
+    def log(message: str, device: str | None, fields: dict[str, EventField]) -> None:
+        s.jobs.event(job_id, EventKind.profiling if device else EventKind.estimating, message, device, fields)
 
     for effect in step.effects:
         if isinstance(effect, ClaimAndProfile):

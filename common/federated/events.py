@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from ..jobs import EventKind, Refused
+from ..jobs import EventField, EventKind, Refused
 from ..schemas import Strict
 from .plan import Assignment
 from .records import FINAL, FederatedState, LocalUpdate, Phase, RoundRecord
@@ -116,12 +116,14 @@ FederatedEvent = Annotated[
 
 
 class Change(Strict):
-    """What an event does: the state after it, and the line it adds to the job's log (if any)."""
+    """What an event does: the state after it, and the line it adds to the job's log (if any),
+    with its typed fields."""
 
     state: FederatedState
     kind: EventKind | None = None
     message: str | None = None
     device_id: str | None = None
+    fields: dict[str, EventField] = Field(default_factory=dict)
 
 
 def transition(state: FederatedState, event: FederatedEvent, now: datetime) -> Change:
@@ -154,7 +156,8 @@ def _opened(state: FederatedState, event: RoundOpened, now: datetime) -> Change:
         raise Refused(f"round {event.round} does not follow round {state.round}")
     changes = {"phase": Phase.training, "round": event.round, "assignments": event.assignments, "deadline_at": event.deadline_at,
                "received": {}, "closed_with": [], "notice": None}  # fmt: skip
-    return _change(state, now, changes, EventKind.federated_round, opened_message(event.round, event.assignments))
+    return _change(state, now, changes, EventKind.federated_round, opened_message(event.round, event.assignments),
+                   {"round": event.round, "devices": len(event.assignments)})  # fmt: skip
 
 
 def _closed(state: FederatedState, event: RoundClosed, now: datetime) -> Change:
@@ -165,7 +168,8 @@ def _closed(state: FederatedState, event: RoundClosed, now: datetime) -> Change:
     late = sorted({a.device_id for a in state.assignments} - set(closed_with))
     note = f"; no update from {', '.join(late)} by the deadline" if late else ""
     changes = {"phase": Phase.aggregating, "closed_with": closed_with, "deadline_at": None}
-    return _change(state, now, changes, EventKind.federated_round, f"round {event.round} closed with {len(closed_with)} updates{note}")
+    message = f"round {event.round} closed with {len(closed_with)} updates{note}"
+    return _change(state, now, changes, EventKind.federated_round, message, {"round": event.round, "updates": len(closed_with)})
 
 
 def _aggregated(state: FederatedState, event: RoundAggregated, now: datetime) -> Change:
@@ -178,7 +182,8 @@ def _aggregated(state: FederatedState, event: RoundAggregated, now: datetime) ->
         "empty_rounds": 0 if done.devices else state.empty_rounds + 1, "assignments": [], "received": {}, "closed_with": [],
     }  # fmt: skip
     message = f"round {done.round} aggregated {len(done.devices)} updates: global accuracy {done.accuracy:.4f}"
-    return _change(state, now, changes, EventKind.federated_round, message)
+    fields = {"round": done.round, "updates": len(done.devices), "accuracy": done.accuracy}
+    return _change(state, now, changes, EventKind.federated_round, message, fields)
 
 
 def _update(state: FederatedState, event: UpdateAccepted, now: datetime) -> Change:
@@ -198,7 +203,9 @@ def _accepted(state: FederatedState, update: LocalUpdate, now: datetime) -> Chan
     t = update.trained
     sim = " (SIMULATED)" if t.simulated else ""
     message = f"round {update.round}: update in, {t.samples} samples, {t.device_time_s:.2f} s, {t.energy_j:.1f} J{sim}"
-    change = _change(state, now, {"received": {**state.received, update.device_id: update.digest()}}, EventKind.federated_update, message)
+    fields = {"round": update.round, "samples": t.samples}
+    change = _change(state, now, {"received": {**state.received, update.device_id: update.digest()}}, EventKind.federated_update, message,
+                     fields)  # fmt: skip
     return change.model_copy(update={"device_id": update.device_id})
 
 
@@ -219,12 +226,14 @@ def _expect(state: FederatedState, event: _Event, *phases: Phase) -> None:
 
 
 def _change(state: FederatedState, now: datetime, changes: Mapping[str, object], kind: EventKind | None = None,
-            message: str | None = None) -> Change:  # fmt: skip
-    """The state with `changes` (validated) and the log line; the state itself when nothing changes."""
+            message: str | None = None, fields: Mapping[str, EventField] | None = None) -> Change:  # fmt: skip
+    """The state with `changes` (validated) and the log line with its fields; the state itself
+    when nothing changes."""
     updated = FederatedState.model_validate({**state.model_dump(), **changes, "updated_at": state.updated_at})
     if updated == state:
         return Change(state=state)
-    return Change(state=updated.model_copy(update={"updated_at": now}), kind=kind if message else None, message=message)
+    return Change(state=updated.model_copy(update={"updated_at": now}), kind=kind if message else None, message=message,
+                  fields=dict(fields or {}) if message else {})  # fmt: skip
 
 
 _RULES: dict[type, Callable[[FederatedState, Any, datetime], Change]] = {

@@ -112,7 +112,7 @@ class FederatedStore:
                     p.expire(key, int(self.retention_s))
         if change.message is not None:
             self._push_event(p, job_id, JobEvent(kind=change.kind or EventKind.federated_round, message=change.message,
-                                                 device_id=change.device_id))  # fmt: skip
+                                                 device_id=change.device_id, fields=change.fields))  # fmt: skip
 
     def note(self, job_id: str, kind: EventKind, message: str, device_id: str | None = None) -> None:
         """Log an event of the job that changes nothing (a profile sent, an update discarded)."""

@@ -25,6 +25,7 @@ from ..jobs import (
     TERMINAL,
     CheckpointRef,
     DevicePart,
+    EventField,
     EventKind,
     FinetuneProgress,
     JobEvent,
@@ -254,7 +255,8 @@ class JobStore:
         elif after.dispatch is None and before.dispatch is not None:
             p.zrem(k.dispatched(), member)
         if change.message is not None and change.kind is not None:
-            self._log(p, job_id, JobEvent(kind=change.kind, device_id=device_id, message=change.message, at=after.updated_at))
+            self._log(p, job_id, JobEvent(kind=change.kind, device_id=device_id, message=change.message, at=after.updated_at,
+                                          fields=change.fields))  # fmt: skip
 
     def _log(self, p: Pipeline, job_id: str, event: JobEvent) -> None:
         p.rpush(self._keys.events(job_id), event.model_dump_json())
@@ -322,11 +324,12 @@ class JobStore:
         raw = self._redis.get(self._keys.checkpoint(job_id, device_id))
         return CheckpointRef.model_validate_json(raw) if raw else None
 
-    def event(self, job_id: str, kind: EventKind, message: str, device_id: str | None = None) -> None:
+    def event(self, job_id: str, kind: EventKind, message: str, device_id: str | None = None,
+              fields: dict[str, EventField] | None = None) -> None:  # fmt: skip
         """Append an event that changes no part (a dispatch to the server pool, a table not
-        reused) to the job's log."""
+        reused) to the job's log, with its typed fields."""
         with self._redis.pipeline() as p:
-            self._log(p, job_id, JobEvent(kind=kind, device_id=device_id, message=message))
+            self._log(p, job_id, JobEvent(kind=kind, device_id=device_id, message=message, fields=fields or {}))
             p.execute()
 
     def job_ids(self) -> list[str]:

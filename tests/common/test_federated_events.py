@@ -70,6 +70,7 @@ def test_a_round_opens_only_after_the_one_before_it() -> None:
     change = transition(at(Phase.starting, 0, notice="waiting"), RoundOpened(round=1, assignments=[assignment("a")], deadline_at=NOW), NOW)
     assert (change.state.phase, change.state.round, change.state.notice, change.state.deadline_at) == (Phase.training, 1, None, NOW)
     assert change.kind == EventKind.federated_round and change.message == "round 1 opened: a b=16 f=921.6 MHz x4"
+    assert change.fields == {"round": 1, "devices": 1}
 
 
 def test_an_update_is_accepted_once_as_assigned_and_its_digest_kept() -> None:

@@ -89,7 +89,9 @@ def test_an_attempt_is_accepted_only_for_the_dispatched_task_and_request() -> No
 def test_a_lost_attempt_lets_a_new_one_in_and_the_old_one_is_refused_whatever_it_writes() -> None:
     p = apply(dispatched(), started("a1"), AttemptLost(attempt="a1", outcome="re-queued"))
     assert p.attempt is None and p.state == PartState.finetuning and "re-queued" in p.waiting
-    p = apply(p, started("a2").model_copy(update={"lost_device_time_s": 0.5, "resumed_at_samples": 256}))
+    resumed = transition(p, started("a2").model_copy(update={"lost_device_time_s": 0.5, "resumed_at_samples": 256}), NOW)
+    assert resumed.fields == {"attempt": 2, "samples": 256}  # what programs read of the log line
+    p = resumed.part
     assert p.attempt.number == 2 and p.lost_device_time_s == 0.5
     for stale in (AttemptNoticed(attempt="a1", notice="x"), AttemptFinished(attempt="a1", report=report()),
                   AttemptFailed(attempt="a1", reason="x"), AttemptCancelled(attempt="a1", reason="x"),

@@ -72,7 +72,7 @@ def test_a_fine_tune_whose_device_worker_is_killed_resumes_from_its_checkpoint(t
         report = part.report
         assert report.attempts == 2 and report.samples_processed == 12000  # the budget, counted once
         resumed = next(e for e in status.events if e.kind == EventKind.resumed)
-        resumed_at = int(resumed.message.split(" at ")[1].split()[0])
+        resumed_at = resumed.fields["samples"]
         assert resumed_at >= checkpoint.samples  # continued from the checkpoint, not from zero
         assert report.lost_device_time_s >= 0 and report.device_time_s > checkpoint.device_time_s
 
@@ -89,7 +89,7 @@ def test_a_killed_server_worker_loses_nothing_and_the_vector_is_exact(tmp_path) 
         assert time.monotonic() - killed_at < RECOVERY_S
         status = client.wait(job_id, timeout_s=300)
         assert status.state.value == "completed", [e.line() for e in status.events]
-        vector_key = next(e.message.split()[3] for e in status.events if e.kind == EventKind.estimating)
+        vector_key = next(e.fields["vector"] for e in status.events if e.kind == EventKind.estimating)
         parts = cluster.store().resources.vector_parts(vector_key)
         assert sorted((p.batch_size, p.seed) for p in parts) == [(16, 0), (16, 1), (64, 0), (64, 1)]  # each run once
         assert cluster.store().monitoring.counts("handed_on")["server"] >= 1  # what edgetrain_tasks_handed_on_total reports

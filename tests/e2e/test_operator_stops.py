@@ -98,7 +98,7 @@ def test_terminate_on_a_running_fine_tune_cancels_its_part_and_requeue_continues
     done = status.parts[DEVICE]
     assert done.state == PartState.completed and done.report.samples_processed == 6000, [e.line() for e in status.events]
     resumed = next(e for e in status.events if e.kind == EventKind.resumed)
-    assert int(resumed.message.split(" at ")[1].split()[0]) >= kept.samples
+    assert resumed.fields["samples"] >= kept.samples
 
 
 def test_revoke_on_a_queued_fine_tune_cancels_its_part_when_the_device_reaches_it(fleet) -> None:

@@ -74,6 +74,9 @@ def test_missing_table_and_vector_are_dispatched_once_across_jobs(s, broker) -> 
     assert estimate.name == TaskName.estimate_relation_vector.value
     assert EstimationRequest.model_validate(estimate.payload) == spec.estimation_request()
     assert kinds(s, "j1") == [EventKind.submitted, EventKind.profiling, EventKind.estimating]
+    _, profiling, estimating = s.jobs.status("j1").events
+    assert profiling.fields == {"table": TID, "rows": ",".join(map(str, B)), "mode": "grid"}
+    assert estimating.fields == {"vector": vector_key(spec.estimation_request())}
     assert s.coordination.holder(table_resource(TID)).startswith("j1/")
 
     advance_job("j1")  # again: nothing new
