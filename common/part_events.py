@@ -93,18 +93,22 @@ class Dispatched(_Event):
 
 class Failed(_Event):
     """The part cannot go on (the planner's decision, or an attempt that died with the reason
-    before it could say so: `attempt` then names it)."""
+    before it could say so: `attempt` then names it; a task stopped from outside names its
+    `dispatch`, and the event applies only while the part runs that dispatch)."""
 
     kind: Literal["failed"] = "failed"
     reason: str
     attempt: str | None = None
+    dispatch: str | None = None
 
 
 class Cancelled(_Event):
-    """The part stops without a live attempt: its job was cancelled, or its task revoked."""
+    """The part stops without a live attempt: its job was cancelled, or its task revoked (then
+    `dispatch` names the task, and the event applies only while the part runs that dispatch)."""
 
     kind: Literal["cancelled"] = "cancelled"
     reason: str
+    dispatch: str | None = None
 
 
 class CancelRequested(_Event):
@@ -247,6 +251,7 @@ def _dispatched(part: DevicePart, event: Dispatched, now: datetime) -> Change:
 
 def _failed(part: DevicePart, event: Failed, now: datetime) -> Change:
     _open(part, event)
+    _dispatched_as(part, event.dispatch)
     if event.attempt is not None:
         _held(part, event.attempt)
     return _final(part, now, PartState.failed, event.reason, EventKind.failed, f"failed: {event.reason}")
@@ -254,6 +259,7 @@ def _failed(part: DevicePart, event: Failed, now: datetime) -> Change:
 
 def _cancelled(part: DevicePart, event: Cancelled, now: datetime) -> Change:
     _open(part, event)
+    _dispatched_as(part, event.dispatch)
     if part.attempt is not None:
         raise Refused(f"an attempt runs the part ({part.attempt.node}): it is asked to stop instead")
     return _final(part, now, PartState.cancelled, event.reason, EventKind.cancelled, event.reason)
@@ -380,6 +386,12 @@ def _expect(part: DevicePart, event: _Event, *states: PartState) -> None:
     if part.state not in states:
         allowed = ", ".join(s.value for s in states)
         raise Refused(f"the part is {part.state.value}: {type(event).__name__} applies only when it is {allowed}")
+
+
+def _dispatched_as(part: DevicePart, token: str | None) -> None:
+    """Refuse an event about task `token` once the part was dispatched anew (re-queued since)."""
+    if token is not None and (part.dispatch is None or part.dispatch.token != token):
+        raise Refused("the part was dispatched anew since that task")
 
 
 def _held(part: DevicePart, token: str) -> None:

@@ -50,17 +50,20 @@ def _end_part(request: FinetuneRequest, event: PartEvent) -> None:
     advance_device(request.job_id, request.device_id)
 
 
-def _stopped(name: str, payload: Any, lease: Lease | None, what: str, revoked: bool) -> None:
-    """End what task `name` served: `what` says how it stopped (`revoked` by an operator, or
-    its process died)."""
+def _stopped(name: str, task_id: str, payload: Any, lease: Lease | None, what: str, revoked: bool) -> None:
+    """End what task `name` (`task_id`) served: `what` says how it stopped (`revoked` by an
+    operator, or its process died). A fine-tune's part ends only while it still runs that task
+    (its dispatch): news of a stopped task that arrives after the part was re-queued changes
+    nothing."""
     if name == TaskName.finetune.value:
         request = FinetuneRequest.model_validate(payload)
         reason = f"fine-tuning on {request.device_id} {what}"
         if revoked:
             kept = "; its checkpoint is kept: `edgetrain requeue` continues from it"
-            _end_part(request, AttemptCancelled(attempt=lease.attempt, reason=reason + kept) if lease else Cancelled(reason=reason))
+            _end_part(request, AttemptCancelled(attempt=lease.attempt, reason=reason + kept) if lease
+                      else Cancelled(reason=reason, dispatch=task_id))  # fmt: skip
         else:
-            _end_part(request, Failed(reason=reason, attempt=lease.attempt if lease else None))
+            _end_part(request, Failed(reason=reason, attempt=lease.attempt if lease else None, dispatch=task_id))
     elif name == TaskName.profile_device.value:
         profile = ProfileRequest.model_validate(payload)
         resource = profile_resource(profile)
@@ -90,7 +93,7 @@ def on_lost_child(sender: Task | None = None, task_id: str = "", exception: Base
     lease = store().liveness.lease(task_id)
     if lease is not None:
         store().liveness.release(task_id, lease.attempt)
-    _stopped(sender.name, args[0], lease, what, revoked=False)
+    _stopped(sender.name, task_id, args[0], lease, what, revoked=False)
 
 
 def on_revoked(sender: Task | None = None, request: Any = None, terminated: bool = False, signum: int | None = None,
@@ -111,7 +114,7 @@ def on_revoked(sender: Task | None = None, request: Any = None, terminated: bool
         _restore_device()
         if lease is not None:
             store().liveness.release(request.id, lease.attempt)
-    _stopped(sender.name, request.args[0], lease, how, revoked=True)
+    _stopped(sender.name, request.id, request.args[0], lease, how, revoked=True)
 
 
 def watch_stopped_tasks() -> None:

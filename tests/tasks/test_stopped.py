@@ -5,10 +5,12 @@ from types import SimpleNamespace
 
 import pytest
 import redis
+from billiard.exceptions import WorkerLostError
 
+from edgetrain.common.control_axis import ControlAxis
 from edgetrain.common.jobs import PartState
 from edgetrain.common.keys import vector_key, vector_resource
-from edgetrain.common.part_events import AttemptLost
+from edgetrain.common.part_events import AttemptLost, Dispatched, Identified, Requeued
 from edgetrain.common.payloads import JobPage, ProfileRequest, ProxyRunRequest, profile_resource
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, JobSpec, Selection
@@ -19,7 +21,7 @@ from edgetrain.common.testing.parts import drive_part
 from edgetrain.common.testing.tables import F
 from edgetrain.tasks import context
 from edgetrain.tasks.contract import TaskName
-from edgetrain.tasks.stopped import on_revoked
+from edgetrain.tasks.stopped import on_lost_child, on_revoked
 from edgetrain.tasks.workflow import advance_job
 
 CHOICE = Selection(batch_size=16, frequency_hz=900, estimated_time_s=1.0, peak_power_w=4.0)
@@ -65,6 +67,26 @@ def test_a_running_fine_tune_terminated_cancels_its_part_and_keeps_its_checkpoin
     after = s.jobs.part("j1", "d1")
     assert after.state == PartState.cancelled and "terminated by an operator (SIGTERM" in after.reason
     assert "`edgetrain requeue` continues from it" in after.reason and s.liveness.lease(part.dispatch.token) is None
+
+
+def test_news_of_a_stopped_fine_tune_that_arrives_after_its_part_was_requeued_changes_nothing(s) -> None:
+    # the terminated task's message, put back on the queue, is discarded as revoked after the
+    # operator re-queued the part; or its process's death is reported late: the part, dispatched
+    # anew, goes on (before, a late Failed or Cancelled ended the re-queued part)
+    job(s)
+    part = drive_part(s, "j1", "d1", PartState.finetuning, selection=CHOICE, attempt="a1")
+    old = part.dispatch.token
+    s.liveness.take(Lease(task_id=old, task=TaskName.finetune.value, attempt="a1", node="device-d1@h", job_id="j1", device_id="d1"))
+    revoke(TaskName.finetune, part.dispatch.request.model_dump(mode="json"), task_id=old, terminated=True)
+    s.jobs.apply("j1", "d1", Requeued())
+    identity = Identified(device_type="jetson-nano", simulated=True, control=ControlAxis.GPU_CLOCK_HZ)
+    s.jobs.apply("j1", "d1", Dispatched(device=identity, token="new-task", request=part.dispatch.request, selection=CHOICE,
+                                        estimated_time_to_accuracy_s=None))  # fmt: skip
+    revoke(TaskName.finetune, part.dispatch.request.model_dump(mode="json"), task_id=old)
+    on_lost_child(sender=SimpleNamespace(name=TaskName.finetune.value), task_id=old, exception=WorkerLostError("signal 15"),
+                  args=(part.dispatch.request.model_dump(mode="json"),))  # fmt: skip
+    after = s.jobs.part("j1", "d1")
+    assert after.state == PartState.finetuning and after.dispatch.token == "new-task", (after.state, after.reason)
 
 
 def test_a_revoked_profile_fails_its_table_for_the_jobs_waiting_and_a_revoked_job_step_is_sent_again(s, broker) -> None:
