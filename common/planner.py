@@ -18,12 +18,14 @@ tasks/workflow.py applies the decision as events.
 
 A device that stops heartbeating (after it was seen) does not fail its parts at once: they
 wait `spec.device_grace_s` seconds after the fleet gives it up (its heartbeat TTL) for it to come
-back, then fail with the time it was last heard from.
+back, then fail with the time it was last heard from. A device that has not registered yet gets
+the same grace from the job's submission (or the part's re-queue): its worker may start after
+the job was submitted; then the part fails as an unknown device.
 
 The decisions:
-- `Wait`: nothing to do now (the part is final, a task owns it, or its device is missing and
-  within the grace period: `notice` says so, for `status`).
-- `Fail`: the part cannot go on, with the reason (unknown device, a device gone past its grace
+- `Wait`: nothing to do now (the part is final, a task owns it, or its device is missing or not
+  registered yet and within the grace period: `notice` says so, for `status`).
+- `Fail`: the part cannot go on, with the reason (a device unknown or gone past its grace
   period, a table or vector that failed for this job, a cap no configuration meets, nothing to
   select).
 - `Prepare`: the table (`profile`) and/or the relation vector (`estimate`) are missing, or the
@@ -85,7 +87,7 @@ class PartView:
 
     `device` is None when the device has no live heartbeat in the fleet (`last_seen` is its
     last heartbeat, if it ever had one, and the fleet gives a device up `heartbeat_ttl_s` after
-    it; `registered` lists the devices that are live);
+    it; `registered` lists the devices that are live; `submitted_at`: when the job was);
     `table` and `vector` are None when not stored, and their `*_failure` say why producing
     them failed for this job; `not_before` is set when the job forces a new profile (tables
     older than it are not reused); `now` is the time of the decision."""
@@ -105,16 +107,19 @@ class PartView:
     heartbeat_ttl_s: float = 0.0
     now: datetime | None = None
     cancelled_at: datetime | None = None
+    submitted_at: datetime | None = None
 
 
 @dataclass(frozen=True)
 class Wait:
     """Nothing to do now; `notice` tells the user what the part waits for, when unusual
-    (`device_missing`: its device stopped heartbeating)."""
+    (`device_missing`: its device stopped heartbeating, or has not registered yet: then
+    `registered_by` is when the part fails unless it does)."""
 
     reason: str
     notice: str | None = None
     device_missing: bool = False
+    registered_by: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -212,11 +217,19 @@ def plan(view: PartView) -> Decision:
     return _fine_tune(view, device, table, view.vector)
 
 
+UNREGISTERED = "not registered in the fleet"  # in the reason of a part whose device never registered
+
+
+def never_registered(reason: str | None) -> bool:
+    """Whether `reason` (a failed part's) says that its device never registered."""
+    return reason is not None and reason.startswith("unknown device ") and UNREGISTERED in reason
+
+
 def _missing_device(view: PartView) -> Decision:
     device_id, seen = view.target.device_id, view.last_seen
-    if seen is None:
-        return Fail(f"unknown device {device_id!r}: not registered in the fleet (registered: {list(view.registered)})")
     assert view.now is not None, "a view of a missing device says when it was made"
+    if seen is None:
+        return _unregistered_device(view)
     deadline = seen + timedelta(seconds=view.heartbeat_ttl_s + view.spec.device_grace_s)
     if view.now >= deadline:
         return Fail(
@@ -228,6 +241,24 @@ def _missing_device(view: PartView) -> Decision:
         notice=f"device {device_id!r} has not been heard from since {seen:%H:%M:%S} UTC; "
         f"the part fails at {deadline:%H:%M:%S} UTC unless it comes back",
         device_missing=True,
+    )
+
+
+def _unregistered_device(view: PartView) -> Decision:
+    """A device never heard from waits the job's grace from the submission (or the re-queue)."""
+    assert view.now is not None
+    device_id, grace = view.target.device_id, view.spec.device_grace_s
+    since = max((t for t in (view.submitted_at, view.part.requeued_at) if t is not None), default=view.now)
+    deadline = since + timedelta(seconds=grace)
+    if view.now >= deadline:
+        return Fail(f"unknown device {device_id!r}: {UNREGISTERED} within the job's grace period of {grace:g} s "
+                    f"(registered: {list(view.registered)})")  # fmt: skip
+    return Wait(
+        "device not registered",
+        notice=f"device {device_id!r} is {UNREGISTERED} (yet); the part fails at {deadline:%H:%M:%S} UTC unless its worker "
+        "starts (`edgetrain worker device --device-id ...`)",
+        device_missing=True,
+        registered_by=deadline,
     )
 
 

@@ -101,7 +101,7 @@ class _Reader:
             return PartView(
                 self.job_id, self.spec, target, part, None,
                 registered=registered, last_seen=seen, heartbeat_ttl_s=settings().heartbeat_ttl_s, now=utc_now(),
-                cancelled_at=self.record.cancelled_at,
+                cancelled_at=self.record.cancelled_at, submitted_at=self.record.created_at,
             )  # fmt: skip
         tid, vkey = resource_ids(self.spec, device.device_type)
         if tid not in self._tables:
@@ -220,6 +220,8 @@ def _apply(job_id: str, part: DevicePart, view: PartView | None, decision: Decis
     """Apply the planner's decision for one part, as events."""
     device_id = part.device_id
     if isinstance(decision, Wait):
+        if decision.registered_by is not None:  # the reaper advances the job when the device registers, or then
+            store().fleet.await_device(device_id, decision.registered_by)
         applied = report(job_id, device_id, Waiting(notice=decision.notice, device_missing=decision.device_missing))
         if applied and decision.device_missing and applied.change.message:
             _release_table_claim(job_id, view, part)

@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .cli_args import ExitCode, redacted, settings_from
+from edgetrain.common.redis_address import redacted
+
+from .cli_args import ExitCode, settings_from
 from .output import note
 
 if TYPE_CHECKING:

@@ -49,9 +49,24 @@ def test_a_final_or_running_part_waits(state) -> None:
     assert isinstance(plan(view(state=state)), Wait)
 
 
-def test_an_unregistered_device_fails_naming_the_registered_ones() -> None:
-    decision = plan(view(device=None, registered=("a", "b")))
-    assert decision == Fail("unknown device 'd1': not registered in the fleet (registered: ['a', 'b'])")
+def test_a_device_not_registered_yet_waits_the_job_s_grace_from_the_submission_then_fails_naming_the_registered_ones() -> None:
+    submitted = utc_now()
+    within = plan(view(spec(device_grace_s=60), device=None, registered=("a", "b"), submitted_at=submitted,
+                       now=submitted + timedelta(seconds=59)))  # fmt: skip
+    deadline = submitted + timedelta(seconds=60)
+    assert isinstance(within, Wait) and within.device_missing and within.registered_by == deadline, within
+    assert within.notice == (f"device 'd1' is not registered in the fleet (yet); the part fails at {deadline:%H:%M:%S} UTC unless "
+                             "its worker starts (`edgetrain worker device --device-id ...`)")  # fmt: skip
+    after = plan(view(spec(device_grace_s=60), device=None, registered=("a", "b"), submitted_at=submitted, now=deadline))
+    assert after == Fail("unknown device 'd1': not registered in the fleet within the job's grace period of 60 s "
+                         "(registered: ['a', 'b'])")  # fmt: skip
+
+
+def test_a_re_queued_part_waits_for_an_unregistered_device_from_its_re_queue() -> None:
+    submitted = utc_now() - timedelta(hours=1)
+    requeued = DevicePart(device_id="d1", power_cap_w=5.0, state=PartState.pending, requeued_at=submitted + timedelta(minutes=59))
+    decision = plan(view(spec(device_grace_s=120), device=None, part=requeued, submitted_at=submitted, now=utc_now()))
+    assert isinstance(decision, Wait) and decision.registered_by == requeued.requeued_at + timedelta(seconds=120)
 
 
 def test_missing_table_and_vector_profile_and_estimate_together() -> None:
