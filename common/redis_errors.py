@@ -61,7 +61,7 @@ def _unreachable(exc: redis.RedisError, url: str, where: str) -> str:
     causes = _causes(exc)
     tls = urlsplit(url).scheme == "rediss"
     if verify := next((c for c in causes if isinstance(c, ssl.SSLCertVerificationError)), None):
-        return (f"TLS refused: {where}'s certificate is not trusted ({verify.verify_message}): name the authority that issued "
+        return (f"TLS refused: the certificate of {where} is not trusted ({verify.verify_message}): name the authority that issued "
                 f"it with ssl_ca_certs=/path/to/ca.pem in EDGETRAIN_REDIS_URL, and connect by the name the certificate is "
                 f"issued for ({SECURITY_DOC})")  # fmt: skip
     if tls and any(isinstance(c, ssl.SSLError | TimeoutError | socket.timeout) for c in causes[1:]):

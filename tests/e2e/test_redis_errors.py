@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from edgetrain.common.presets import quick_job
+from edgetrain.common.schemas import DeviceInfo
+from edgetrain.common.store import Store
 from edgetrain.common.testing.certificates import issue
 from edgetrain.common.testing.redis_processes import RedisProcess, redis_binary
 from edgetrain.common.testing.redis_server import TlsRedis, free_port
@@ -59,6 +61,10 @@ def servers(tmp_path_factory):
         replica = RedisProcess(folder / "replica", ["--appendonly", "yes", "--replicaof", "127.0.0.1", str(master.port)]).start()
         started.append(replica)
         poll_until(lambda: replica.client().info("replication")["master_link_status"] == "up" or None, 30, 0.1, "the replica in sync")
+        nano = DeviceInfo(device_id="nano-7", device_type="jetson-nano", backend="sim:jetson-nano", frequencies_hz=[1], memory_bytes=1,
+                          simulated=True)  # fmt: skip
+        worker = Store.connect(f"redis://worker:{PASSWORDS['worker']}@127.0.0.1:{acl.port}/0")
+        worker.fleet.register(nano, ttl_s=3600, instance="test")  # doctor reads its queue's length
         yield Servers(folder, acl, tls, replica, master)
     finally:
         for server in started:
@@ -81,7 +87,6 @@ def refused(argv: list[str], url: str, password_file: Path | None = None) -> str
     return done.stderr
 
 
-@pytest.mark.parametrize("argv", [["fleet"], ["doctor"]])
 def test_no_refusal_reads_as_redis_not_running(servers: Servers) -> None:
     for line in (refused(["fleet"], f"redis://127.0.0.1:{servers.acl.port}/0"),
                  refused(["doctor"], f"redis://submitter@127.0.0.1:{servers.acl.port}/0", servers.password_file("submitter")),
@@ -89,6 +94,7 @@ def test_no_refusal_reads_as_redis_not_running(servers: Servers) -> None:
         assert "Is it running" not in line and "cannot reach" not in line, line
 
 
+@pytest.mark.parametrize("argv", [["fleet"], ["doctor"]])
 def test_a_wrong_password_names_the_user_and_the_password_file(servers: Servers, argv: list[str], tmp_path: Path) -> None:
     wrong = tmp_path / "worker.password"
     wrong.write_text("not-the-password\n")
@@ -119,7 +125,8 @@ def test_doctor_as_the_submitter_says_it_needs_the_monitor_user(servers: Servers
 @pytest.mark.parametrize("argv", [["fleet"], ["doctor"]])
 def test_a_certificate_not_trusted_is_a_tls_refusal_naming_ssl_ca_certs(servers: Servers, argv: list[str]) -> None:
     line = refused(argv, f"rediss://worker@127.0.0.1:{servers.tls.port}/0", servers.password_file("worker"))
-    assert line.startswith("edgetrain: TLS refused: Redis at rediss://worker@") and "certificate is not trusted" in line, line
+    assert line.startswith("edgetrain: TLS refused: the certificate of Redis at rediss://worker:***@127.0.0.1:"), line
+    assert "is not trusted (self-signed certificate in certificate chain)" in line
     assert "ssl_ca_certs=/path/to/ca.pem" in line
 
 
