@@ -162,10 +162,12 @@ class Pending(Generic[T]):
 class EdgeTrainClient:
     """Submits jobs and reads their state from the cluster whose Redis is at `redis_url`."""
 
-    def __init__(self, redis_url: str, key_prefix: str = DEFAULT_PREFIX):
+    def __init__(self, redis_url: str, key_prefix: str = DEFAULT_PREFIX, password_file: bool = True):
         """`redis_url` as given (not EDGETRAIN_REDIS_URL_FILE); EDGETRAIN_REDIS_PASSWORD_FILE,
-        when set, gives its user's password."""
-        settings = Settings(redis_url=redis_url, key_prefix=key_prefix, redis_url_file=None)
+        when set, gives its user's password, unless `password_file` is False (a Redis of this
+        process's own, such as the demo's)."""
+        own = {} if password_file else {"redis_password_file": None}
+        settings = Settings(redis_url=redis_url, key_prefix=key_prefix, redis_url_file=None, **own)
         self.redis_url = settings.redis_url
         self.settings = settings
         self.store = Store.connect(settings.redis_url, key_prefix)

@@ -199,7 +199,7 @@ def _on_local_cluster(specs: list[EvaluationSpec], args: argparse.Namespace) -> 
         started = time.perf_counter()
         with LocalCluster(workdir, devices=twins, server_workers=args.server_workers, env=env, persistent_redis=True) as cluster:
             note(f"cluster ready after {time.perf_counter() - started:.0f} s")
-            client = EdgeTrainClient(cluster.url)
+            client = EdgeTrainClient(cluster.url, password_file=False)
             fleet = {d.device_id: d for d in client.fleet()}
             devices = [[fleet[twin_device_id(e.twin)] for e in spec.devices if e.twin] for spec in specs]
             return _run_all(client, specs, devices, args)
