@@ -184,7 +184,7 @@ def test_a_board_that_never_registers_fails_when_its_grace_ends_and_wait_exits_2
 
 
 def test_ctrl_c_on_submit_wait_says_the_job_goes_on_and_how_to_follow_or_cancel_it(fleet: Fleet) -> None:
-    job = fleet.job_file("long.json", devices=[{"device_id": "ghost-8", "power_cap_w": 3.0}], device_grace_s=600)
+    job = fleet.job_file("long.json", devices=[{"device_id": "nano-7", "power_cap_w": 3.0}], max_samples=200_000, target_accuracy=0.99)
     submit = subprocess.Popen([*shlex.split(CLI), "submit", job, "--wait"], cwd=fleet.root, env=fleet.env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)  # fmt: skip
     job_id = submit.stdout.readline().strip()
@@ -195,7 +195,7 @@ def test_ctrl_c_on_submit_wait_says_the_job_goes_on_and_how_to_follow_or_cancel_
     assert (f"edgetrain: job {job_id} not waited for: interrupted; it goes on: `edgetrain status {job_id}` follows it, "
             f"`edgetrain cancel {job_id}` stops it") in err, err  # fmt: skip
     status = fleet.shell(f"edgetrain status {job_id} --json", timeout_s=60)
-    assert json.loads(status.stdout)["state"] == "queued", status.stdout  # it goes on: its part waits for ghost-8
+    assert json.loads(status.stdout)["state"] in ("queued", "running"), status.stdout  # it goes on
     assert fleet.shell(f"edgetrain cancel {job_id}", timeout_s=60).returncode == ExitCode.ok
 
 
