@@ -306,10 +306,12 @@ def cmd_select(args: argparse.Namespace) -> int:
 
 def cmd_data(args: argparse.Namespace) -> int:
     """`edgetrain data fetch|status`."""
+    from edgetrain.common.settings import get_data_settings
+
     from .data_fetch import FETCHERS, fetch, status
     from .progress import activity
 
-    data_dir = settings_from(args).data_dir
+    data_dir = get_data_settings().data_dir  # no Redis setting is read: fetching needs none
     if args.data_command == "status":
         result = status(data_dir)
         print_json(result) if args.json else print(format_data_status(result))

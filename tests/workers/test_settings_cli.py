@@ -95,3 +95,8 @@ def test_evaluate_federated_runs_whatever_the_redis_settings_hold(tmp_path: Path
                EDGETRAIN_REDIS_URL="redis://worker@redis-host:6379/0", EDGETRAIN_REDIS_PASSWORD_FILE="secrets/worker.password")  # fmt: skip
     assert done.returncode == ExitCode.ok, done.stderr
     assert done.stdout.startswith("## tiny\n") and (tmp_path / "out" / "federated.json").is_file()
+
+
+def test_data_status_reads_no_redis_setting(tmp_path: Path) -> None:
+    done = run(["data", "status", "--json"], tmp_path, EDGETRAIN_REDIS_PASSWORD_FILE="secrets/worker.password")
+    assert done.returncode == ExitCode.ok and "digits" in json.loads(done.stdout), done.stderr
