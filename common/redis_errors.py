@@ -80,7 +80,7 @@ def describe(exc: redis.RedisError, url: str, needs: str) -> str:
     if isinstance(exc, redis.AuthenticationError) or "NOAUTH" in str(exc):
         return _refused_login(url, where)
     if isinstance(exc, redis.exceptions.NoPermissionError):
-        user = _credentials(url)[0] or "default"
+        user = redis_user(url) or "default"
         return (f"{where} refused user {user!r} this command ({exc}): this command needs {needs}: set "
                 "EDGETRAIN_REDIS_URL to redis://ROLE@HOST:PORT/DB with EDGETRAIN_REDIS_PASSWORD_FILE naming that role's "
                 f"password file ({SECURITY_DOC})")  # fmt: skip
