@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import redis
 
 from edgetrain.common.datasets.loading import load_dataset
 from edgetrain.common.datasets.registry import training_samples
@@ -17,6 +18,7 @@ from edgetrain.common.federated.spec import Partition
 from edgetrain.common.models import get_model
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DatasetRef
+from edgetrain.tasks.contract import CONTROL_QUEUE
 from edgetrain.workers.cli_args import ExitCode
 
 CLI = [sys.executable, "-m", "edgetrain.workers.cli"]
@@ -42,6 +44,8 @@ def test_a_federated_split_the_dataset_cannot_give_is_refused_at_submission_and_
     assert store.federated.job_ids(10) == [] and store.jobs.job_ids() == []
     accepted = submit(federated(179), redis_server.url, tmp)
     assert accepted.returncode == ExitCode.ok, accepted.stderr
+    store.clear()
+    redis.Redis.from_url(redis_server.url).delete(CONTROL_QUEUE)  # its first step, which no worker here takes
 
 
 def test_a_dataset_for_another_task_than_the_model_s_is_refused_at_submission(store, redis_server, tmp) -> None:

@@ -19,9 +19,9 @@ from edgetrain.workers.cli_args import ExitCode
 CLI = [sys.executable, "-m", "edgetrain.workers.cli"]
 
 
-def run(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+def run(argv: list[str], cwd: Path, timeout_s: float = 120, **env: str) -> subprocess.CompletedProcess:
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("EDGETRAIN_") or k == "EDGETRAIN_DATA_DIR"}
-    return subprocess.run([*CLI, *argv], cwd=cwd, env=inherited | env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([*CLI, *argv], cwd=cwd, env=inherited | env, capture_output=True, text=True, timeout=timeout_s)
 
 
 def one_line(done: subprocess.CompletedProcess) -> str:
@@ -88,10 +88,10 @@ def test_evaluate_federated_runs_whatever_the_redis_settings_hold(tmp_path: Path
         "name": "tiny", "seeds": [0], "twins": {"nano-1": "jetson-nano", "orin-1": "jetson-agx-orin"},
         "job": {"kind": "federated", "model": "smallcnn", "dataset": {"name": "digits"}, "test_dataset": {"name": "digits"},
                 "target_accuracy": 0.3, "devices": [{"device_id": "nano-1", "power_cap_w": 5.0}, {"device_id": "orin-1"}],
-                "batch_sizes": [16, 32], "local": {"local_steps": 2}, "max_rounds": 2},
+                "batch_sizes": [32], "local": {"local_steps": 1}, "max_rounds": 1},
     }  # fmt: skip
     (tmp_path / "fed.json").write_text(json.dumps(spec))
-    done = run(["evaluate", "--federated", "fed.json", "--out", "out"], tmp_path,
+    done = run(["evaluate", "--federated", "fed.json", "--out", "out"], tmp_path, 600,
                EDGETRAIN_REDIS_URL="redis://worker@redis-host:6379/0", EDGETRAIN_REDIS_PASSWORD_FILE="secrets/worker.password")  # fmt: skip
     assert done.returncode == ExitCode.ok, done.stderr
     assert done.stdout.startswith("## tiny\n") and (tmp_path / "out" / "federated.json").is_file()
