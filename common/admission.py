@@ -1,7 +1,8 @@
 """Whether a job spec may run on this fleet: every field that names code, weights or data,
-checked by its form (common/security.py) without importing or reading anything, each problem
-with the field named. The client checks before anything is enqueued; the control worker checks
-again, against its own allow-list, before anything is dispatched."""
+checked by its form (common/security.py) without importing or reading anything, and the task of
+every dataset against the model's, each problem with the field named. The client checks before
+anything is enqueued; the control worker checks again, against its own allow-list, before
+anything is dispatched."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .datasets.registry import dataset_names
-from .models import model_names, unknown_model_message
+from .datasets.registry import DATASET_TASKS, dataset_names
+from .models import get_model, model_names, unknown_model_message
 from .schemas import DatasetRef, JobSpec
 from .security import data_path_problem, user_model_problem, weights_problem
 
@@ -34,6 +35,17 @@ def dataset_problems(field: str, ref: DatasetRef) -> list[str]:
     if ref.path is not None and (problem := data_path_problem(ref.path)):
         problems.append(f"{field}.path: {problem}")
     return problems
+
+
+def task_problem(field: str, ref: DatasetRef, model: object) -> str | None:
+    """Why the dataset at `field` does not suit the registered `model` (text for an image model,
+    or the reverse), or None (a user's model: its task is known once imported)."""
+    if not isinstance(model, str) or model not in model_names() or ref.name not in DATASET_TASKS:
+        return None
+    task, takes = DATASET_TASKS[ref.name], get_model(model).task
+    if task == takes:
+        return None
+    return f"{field}.name: {ref.name!r} is a {task} dataset; model {model!r} takes {takes} input: {dataset_names(takes)}"
 
 
 def dataset_refs(raw: dict[str, Any]) -> dict[str, DatasetRef]:
@@ -63,6 +75,8 @@ def spec_problems(raw: dict[str, Any], allowed_modules: Sequence[str] | None) ->
         problems.append(f"weights: {problem}")
     for field, ref in dataset_refs(raw).items():
         problems += dataset_problems(field, ref)
+        if problem := task_problem(field, ref, model):
+            problems.append(problem)
     return problems
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from .files import write_atomically
 from .models import build_model
 from .security import (
     RefusedError,
@@ -24,7 +24,7 @@ from .security import (
     init_seed,
     safe_file_name,
 )
-from .settings import get_settings
+from .settings import get_data_settings
 
 
 class ArtifactError(RuntimeError):
@@ -35,13 +35,7 @@ def put_file(data: bytes, file_name: str, folder: Path) -> str:
     """Write `data` as `file_name` in the store `folder` atomically (replacing a file of that
     name); returns its reference."""
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f"{file_name}.tmp"
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, folder / file_name)
-    except OSError:  # a full disk: leave nothing behind
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomically(folder / file_name, data)
     return artifact_url(file_name, hashlib.sha256(data).hexdigest())
 
 
@@ -89,7 +83,7 @@ def initial_model(model_name: str, weights: str, num_classes: int, store: Path |
     if seed is not None:
         return build_model(model_name, num_classes, seed)
     model = build_model(model_name, num_classes, 0)
-    state = get_state(weights, store or get_settings().artifact_dir)
+    state = get_state(weights, store or get_data_settings().artifact_dir)
     own = model.state_dict()
     unknown = sorted(set(state) - set(own))
     if unknown:

@@ -64,6 +64,15 @@ class ReleaseTableClaim:
 
 
 @dataclass(frozen=True)
+class AwaitDevice:
+    """A part waits for a device that has not registered yet: advance its job when the device
+    registers, or at `by` (UTC), when the part fails unless it did."""
+
+    device_id: str
+    by: datetime
+
+
+@dataclass(frozen=True)
 class Note:
     """A line for the job's log that changes nothing, written once under the name `once` (a job
     plans a part many times)."""
@@ -74,4 +83,4 @@ class Note:
     device_id: str | None = None
 
 
-Effect = ClaimAndProfile | ClaimAndEstimate | SendFineTune | SendTrain | Aggregate | ReleaseTableClaim | Note
+Effect = ClaimAndProfile | ClaimAndEstimate | SendFineTune | SendTrain | Aggregate | ReleaseTableClaim | AwaitDevice | Note

@@ -152,6 +152,9 @@ class Keys:
     def fleet_seen(self) -> str:
         return f"{self.prefix}:fleet:seen"
 
+    def fleet_awaited(self) -> str:
+        return f"{self.prefix}:fleet:awaited"
+
     def device_owner(self, device_id: str) -> str:
         return f"{self.prefix}:fleet:owner:{checked_id(device_id, 'device_id')}"
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from .security import split_user_model, user_model_problem
-from .settings import get_settings
+from .settings import get_data_settings
 
 if TYPE_CHECKING:
     import torch
@@ -95,7 +95,7 @@ def get_model(name: str, allowed_modules: Sequence[str] | None = None) -> ModelE
         return _REGISTRY[name]
     if ":" not in name:
         raise ValueError(unknown_model_message(name))
-    allowed = get_settings().allowed_model_modules if allowed_modules is None else allowed_modules
+    allowed = get_data_settings().allowed_model_modules if allowed_modules is None else allowed_modules
     return _user_model(name, allowed)
 
 

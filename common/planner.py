@@ -16,14 +16,18 @@ A part's states and their transitions:
 
 A device that stops heartbeating (after it was seen) does not fail its parts at once: they
 wait `spec.device_grace_s` seconds after the fleet gives it up (its heartbeat TTL) for it to come
-back, then fail with the time it was last heard from.
+back, then fail with the time it was last heard from. A device that has not registered yet gets
+the same grace from the job's submission (or the part's re-queue): its worker may start after
+the job was submitted (`AwaitDevice`: the reaper advances the job when it registers, or then);
+then the part fails as an unknown device.
 
 The steps:
 - nothing (no event) for a final part, or one whose cancel is asked for already;
-- `Waiting` while a task owns the part or its device is missing within the grace period (the
-  notice says so, for `status`; a table claim the job holds on that device is released);
-- `Failed` when the part cannot go on, with the reason (unknown device, a device gone past its
-  grace period, a table or vector that failed for this job, a cap no configuration meets);
+- `Waiting` while a task owns the part or its device is missing or not registered yet within the
+  grace period (the notice says so, for `status`; a table claim the job holds on that device is
+  released);
+- `Failed` when the part cannot go on, with the reason (a device unknown or gone past its grace
+  period, a table or vector that failed for this job, a cap no configuration meets);
 - `Prepared` while the table (`ClaimAndProfile`: the whole table, or the rows it lacks, merged
   into it; common/tables.py `table_need`) and/or the relation vector (`ClaimAndEstimate`) are
   produced;
@@ -41,7 +45,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .effects import ClaimAndEstimate, ClaimAndProfile, Effect, Note, ReleaseTableClaim, SendFineTune
+from .effects import AwaitDevice, ClaimAndEstimate, ClaimAndProfile, Effect, Note, ReleaseTableClaim, SendFineTune
 from .jobs import TERMINAL, DevicePart, EventKind, PartState
 from .keys import table_id, vector_key
 from .models import get_model
@@ -60,7 +64,7 @@ class PartView:
 
     `device` is None when the device has no live heartbeat in the fleet (`last_seen` is its
     last heartbeat, if it ever had one, and the fleet gives a device up `heartbeat_ttl_s` after
-    it; `registered` lists the devices that are live);
+    it; `registered` lists the devices that are live; `submitted_at`: when the job was);
     `table` and `vector` are None when not stored, and their `*_failure` say why producing
     them failed for this job; `not_before` is set when the job forces a new profile (tables
     older than it are not reused); `now` is the time of the decision; `token` names the
@@ -82,6 +86,7 @@ class PartView:
     now: datetime | None = None
     cancelled_at: datetime | None = None
     token: str = ""
+    submitted_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -133,11 +138,19 @@ def plan(view: PartView) -> Step:
     return _fine_tune(view, device, identity, need.table, view.vector)
 
 
+UNREGISTERED = "not registered in the fleet"  # in the reason of a part whose device never registered
+
+
+def never_registered(reason: str | None) -> bool:
+    """Whether `reason` (a failed part's) says that its device never registered."""
+    return reason is not None and reason.startswith("unknown device ") and UNREGISTERED in reason
+
+
 def _missing_device(view: PartView) -> Step:
     device_id, seen = view.target.device_id, view.last_seen
-    if seen is None:
-        return Step(Failed(reason=f"unknown device {device_id!r}: not registered in the fleet (registered: {list(view.registered)})"))
     assert view.now is not None, "a view of a missing device says when it was made"
+    if seen is None:
+        return _unregistered_device(view)
     deadline = seen + timedelta(seconds=view.heartbeat_ttl_s + view.spec.device_grace_s)
     if view.now >= deadline:
         return Step(Failed(
@@ -149,6 +162,20 @@ def _missing_device(view: PartView) -> Step:
     device_type = view.part.device_type  # a profile it claimed cannot happen there now: free the table for the others
     release = (ReleaseTableClaim(resource_ids(view.spec, device_type)[0]),) if device_type else ()
     return Step(Waiting(notice=notice, device_missing=True), release)
+
+
+def _unregistered_device(view: PartView) -> Step:
+    """A device never heard from waits the job's grace from the submission (or the re-queue)."""
+    assert view.now is not None
+    device_id, grace = view.target.device_id, view.spec.device_grace_s
+    since = max((t for t in (view.submitted_at, view.part.requeued_at) if t is not None), default=view.now)
+    deadline = since + timedelta(seconds=grace)
+    if view.now >= deadline:
+        return Step(Failed(reason=f"unknown device {device_id!r}: {UNREGISTERED} within the job's grace period of {grace:g} s "
+                           f"(registered: {list(view.registered)})"))  # fmt: skip
+    notice = (f"device {device_id!r} is {UNREGISTERED} (yet); the part fails at {deadline:%H:%M:%S} UTC unless its worker "
+              "starts (`edgetrain worker device --device-id ...`)")  # fmt: skip
+    return Step(Waiting(notice=notice, device_missing=True), (AwaitDevice(device_id, deadline),))
 
 
 def _profile(view: PartView, device: DeviceInfo, need: Profile) -> ProfileRequest:

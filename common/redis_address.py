@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote, urlparse, urlsplit
 
 SENTINEL_FORM = "sentinel://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB]"
 
@@ -56,3 +56,18 @@ def sentinel_address(url: str) -> SentinelAddress | None:
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password is not None else None,
     )  # fmt: skip
+
+
+def redacted(url: str) -> str:
+    """`url` with its password (in the address or a `password=` parameter) replaced by ***, to
+    be shown to people."""
+    parsed = urlparse(url)
+    if parsed.password is not None:
+        url = url.replace(f":{parsed.password}@", ":***@", 1)
+    return re.sub(r"([?&])password=[^&#]*", r"\1password=***", url)
+
+
+def redis_user(url: str) -> str | None:
+    """The user a Redis URL or Sentinel address logs in as (None: the default user)."""
+    address = sentinel_address(url)
+    return address.username if address is not None else urlsplit(url).username or None

@@ -40,6 +40,7 @@ class RedisFacts(Strict):
     used_memory_bytes: int = Field(ge=0)
     aof_enabled: bool
     rdb_save: str | None = Field(description="the RDB snapshot schedule ('' = off); None when CONFIG is not allowed")
+    role: str = Field("master", description="master, or slave for a replica (read-only: edgetrain cannot write to it)")
 
     @property
     def evicts(self) -> bool:
@@ -76,6 +77,7 @@ def read_facts(client: redis.Redis) -> RedisFacts:
         used_memory_bytes=int(info.get("used_memory", 0)),
         aof_enabled=bool(int(info.get("aof_enabled", 0))),
         rdb_save=rdb_save,
+        role=str(info.get("role", "master")),
     )
 
 

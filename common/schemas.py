@@ -217,7 +217,8 @@ class JobSpec(Strict):
     profiling: ProfilingOptions = Field(default_factory=ProfilingOptions)
     objective: Objective = Field(default_factory=Objective, description="what selection minimises (default: time)")
     device_grace_s: float = Field(
-        120.0, ge=0, le=7 * 24 * 3600, description="how long a part waits for a device that stopped heartbeating before it fails (s)"
+        120.0, ge=0, le=7 * 24 * 3600,
+        description="how long a part waits for a device that stopped heartbeating, or has not registered yet, before it fails (s)",
     )
 
     @model_validator(mode="after")

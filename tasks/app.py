@@ -1,12 +1,15 @@
 """The Celery app. It is created bare on import (tasks register on it) and configured from
 settings by the process's entry point (`configure`); producers that only send tasks, such as
-the client, use an app of their own (`producer_app`), which imports no task module."""
+the client, use an app of their own (`producer_app`), which imports no task module. Until it is
+configured the app neither sends nor consumes (NotConfigured): Celery's own default broker
+(amqp://localhost) would take the messages of a script that forgot to configure it."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from celery import Celery
+from kombu import Connection
 
 from edgetrain.common.redis_address import sentinel_address
 from edgetrain.common.settings import Settings
@@ -18,7 +21,27 @@ from .tls import tls_config
 TASK_MODULES = ("edgetrain.tasks.workflow", "edgetrain.tasks.federated", "edgetrain.tasks.server", "edgetrain.tasks.device",
                 "edgetrain.tasks.federated_work")
 
-app = Celery("edgetrain", set_as_current=False)
+
+
+class NotConfigured(RuntimeError):
+    """The Celery app was used to send or consume before it was configured from the settings."""
+
+
+class EdgeTrainCelery(Celery):
+    """A Celery app that connects to a broker only once one is configured (NotConfigured)."""
+
+    def _connection(self, url: str | None, *args: Any, **kwargs: Any) -> Connection:
+        """Every broker connection (to send, to consume, for remote control) is made here."""
+        if url is None:
+            raise NotConfigured(
+                f"the Celery app {self.main!r} is not configured, so it has no broker: configure it from the settings "
+                "(EDGETRAIN_REDIS_URL) with edgetrain.tasks.context.init(edgetrain.common.settings.get_settings()), "
+                "or send through EdgeTrainClient(EDGETRAIN_REDIS_URL)"
+            )
+        return super()._connection(url, *args, **kwargs)
+
+
+app = EdgeTrainCelery("edgetrain", set_as_current=False)
 
 
 def broker_url(redis_url: str) -> str:

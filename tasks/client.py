@@ -20,6 +20,7 @@ from edgetrain.common.admission import dataset_refs, spec_problems
 from edgetrain.common.belief import Belief, belief
 from edgetrain.common.datasets import USER_DATA, DatasetMissingError, locate
 from edgetrain.common.documents import nesting_problem
+from edgetrain.common.federated.partition import spec_share_problem
 from edgetrain.common.federated.records import FederatedRecord, FederatedState, FederatedStatus
 from edgetrain.common.federated.spec import FederatedSpec
 from edgetrain.common.ids import checked_id
@@ -50,7 +51,7 @@ from edgetrain.common.schemas import (
     ProfilingOptions,
     RelationVector,
 )
-from edgetrain.common.settings import Settings, get_settings
+from edgetrain.common.settings import Settings, get_data_settings
 from edgetrain.common.store import JobFinished, JobNotFoundError, LiveWorker, Store, claim_token
 from edgetrain.common.store.resources import OnSetAside
 from edgetrain.common.trust import proxy_family, trust_width
@@ -78,8 +79,13 @@ def validate_job(spec: JobSpec | dict[str, Any]) -> JobSpec:
 
 
 def validate_federated(spec: FederatedSpec | dict[str, Any]) -> FederatedSpec:
-    """Validate a federated job spec (`kind: federated`) as `validate_job` does a job's."""
-    return _validated(FederatedSpec, spec, "federated job spec")
+    """Validate a federated job spec (`kind: federated`) as `validate_job` does a job's, and
+    its split of the dataset over the devices where the dataset's size is known (the workers
+    would refuse it only once the job runs)."""
+    job = _validated(FederatedSpec, spec, "federated job spec")
+    if problem := spec_share_problem(job):
+        raise JobSpecError(f"invalid federated job spec:\n  {problem}")
+    return job
 
 
 SpecT = TypeVar("SpecT", JobSpec, FederatedSpec)
@@ -96,7 +102,7 @@ def _validated(kind: type[SpecT], spec: SpecT | dict[str, Any], what: str) -> Sp
         lines = [f"{'.'.join(map(str, e['loc'])) or '(job)'}: {e['msg']}" for e in exc.errors()]
     if isinstance(raw, dict):
         named = {line.split(":")[0] for line in lines}
-        lines += [p for p in spec_problems(raw, get_settings().allowed_model_modules or None) if p.split(":")[0] not in named]
+        lines += [p for p in spec_problems(raw, get_data_settings().allowed_model_modules or None) if p.split(":")[0] not in named]
     if lines:
         raise JobSpecError(f"invalid {what}:\n  " + "\n  ".join(lines))
     return job
@@ -161,10 +167,12 @@ class Pending(Generic[T]):
 class EdgeTrainClient:
     """Submits jobs and reads their state from the cluster whose Redis is at `redis_url`."""
 
-    def __init__(self, redis_url: str, key_prefix: str = DEFAULT_PREFIX):
+    def __init__(self, redis_url: str, key_prefix: str = DEFAULT_PREFIX, password_file: bool = True):
         """`redis_url` as given (not EDGETRAIN_REDIS_URL_FILE); EDGETRAIN_REDIS_PASSWORD_FILE,
-        when set, gives its user's password."""
-        settings = Settings(redis_url=redis_url, key_prefix=key_prefix, redis_url_file=None)
+        when set, gives its user's password, unless `password_file` is False (a Redis of this
+        process's own, such as the demo's)."""
+        own = {} if password_file else {"redis_password_file": None}
+        settings = Settings(redis_url=redis_url, key_prefix=key_prefix, redis_url_file=None, **own)
         self.redis_url = settings.redis_url
         self.settings = settings
         self.store = Store.connect(settings.redis_url, key_prefix)
@@ -380,6 +388,19 @@ class EdgeTrainClient:
         if power_cap_w is not None and not (math.isfinite(power_cap_w) and power_cap_w > 0):
             raise ValueError(f"power_cap_w: {power_cap_w!r} is not allowed: a finite number of watts above 0, or None for no cap")
         return self.store.fleet.set_power_cap(device_id, power_cap_w)
+
+    def unregistered_notes(self, spec: JobSpec) -> list[str]:
+        """A note on the devices of `spec` not registered in the fleet now: their parts wait
+        for them up to the job's `device_grace_s`, then fail."""
+        ids = [d.device_id for d in spec.devices]
+        live = self.store.fleet.devices_by_id(ids)
+        missing = [d for d in ids if d not in live]
+        if not missing:
+            return []
+        named = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        waits, fails = ("its part waits", "fails") if len(missing) == 1 else ("their parts wait", "fail")
+        return [f"not registered in the fleet (yet): {named}; {waits} up to the job's device_grace_s ({spec.device_grace_s:g} s) "
+                f"for `edgetrain worker device --device-id ...` to start on the board, then {fails}"]  # fmt: skip
 
     def fleet(self) -> list[DeviceInfo]:
         """Devices with a live heartbeat."""

@@ -214,8 +214,9 @@ def reap_once(store: Store, app: Celery, settings: Settings, silent_before: froz
     """One pass: note a failover of the store (behind Sentinel); hand on lost tasks; send again
     dispatched fine-tunes that nothing holds; advance the jobs of devices that stopped
     heartbeating, and of those in `silent_before` (the previous pass's answer) that are heard
-    from again, so their parts drop the notice that the device is missing. Returns the devices
-    silent now."""
+    from again, so their parts drop the notice that the device is missing; advance the jobs
+    waiting for a device that had not registered, once it has or their grace is over. Returns
+    the devices silent now."""
     note_failover(store)
     for lease in store.liveness.expired(settings.lease_ttl_s):
         hand_on(store, app, settings, lease)
@@ -225,7 +226,7 @@ def reap_once(store: Store, app: Celery, settings: Settings, silent_before: froz
     for job_id in store.federated.due():
         send(app, TaskName.federated_advance, job_id)
     silent = frozenset(store.fleet.silent_since(settings.heartbeat_ttl_s))
-    for device_id in sorted(silent | silent_before):
+    for device_id in sorted(silent | silent_before | set(store.fleet.take_awaited())):
         for job_id in store.jobs.device_jobs(device_id):
             _advance(store, app, job_id, device_id)
     return silent

@@ -16,7 +16,7 @@ import uuid
 from celery.utils.log import get_task_logger
 
 from edgetrain.common.admission import job_refusal
-from edgetrain.common.effects import ClaimAndEstimate, ClaimAndProfile, Note, ReleaseTableClaim, SendFineTune
+from edgetrain.common.effects import AwaitDevice, ClaimAndEstimate, ClaimAndProfile, Note, ReleaseTableClaim, SendFineTune
 from edgetrain.common.jobs import (
     TERMINAL,
     DevicePart,
@@ -87,7 +87,7 @@ class _Reader:
             return PartView(
                 self.job_id, self.spec, target, part, None,
                 registered=registered, last_seen=seen, heartbeat_ttl_s=settings().heartbeat_ttl_s, now=utc_now(),
-                cancelled_at=self.record.cancelled_at,
+                cancelled_at=self.record.cancelled_at, submitted_at=self.record.created_at,
             )  # fmt: skip
         tid, vkey = resource_ids(self.spec, device.device_type)
         if tid not in self._tables:
@@ -222,6 +222,8 @@ def carry_out(job_id: str, device_id: str, step: Step) -> None:
             claim_and_estimate(job_id, effect, log)
         elif isinstance(effect, SendFineTune):
             dispatch_fine_tune(effect.token, effect.request)
+        elif isinstance(effect, AwaitDevice):  # the reaper advances the job when the device registers, or then
+            s.fleet.await_device(effect.device_id, effect.by)
         elif isinstance(effect, ReleaseTableClaim):
             if s.coordination.release_if_held_by(resource := table_resource(effect.table_id), job_id):
                 notify_waiters(resource)

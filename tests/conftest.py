@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain.common.settings import get_settings
+from edgetrain.common.settings import get_data_settings, reload_settings
 from edgetrain.common.store import Store
 from edgetrain.workers.cluster import EmbeddedRedis
 from edgetrain.workers.data_fetch import fetch
@@ -38,10 +38,10 @@ def tmp(tmp_path: Path) -> Path:
 def tmp_data_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """tmp_path as a data root besides the data directory, for tests that read their own files
     as user data (dataset.path is read only inside the data roots)."""
-    monkeypatch.setenv("EDGETRAIN_DATA_ROOTS", os.pathsep.join([str(get_settings().data_dir), str(tmp_path)]))
-    get_settings.cache_clear()
+    monkeypatch.setenv("EDGETRAIN_DATA_ROOTS", os.pathsep.join([str(get_data_settings().data_dir), str(tmp_path)]))
+    reload_settings()
     yield tmp_path
-    get_settings.cache_clear()
+    reload_settings()
 
 
 APT_DATASETS = {"fashion_mnist", "austen"}
@@ -50,7 +50,7 @@ APT_DATASETS = {"fashion_mnist", "austen"}
 @pytest.fixture(scope="session")
 def fetched() -> dict[str, dict]:
     """Every fetchable dataset in settings.data_dir (fetched once; present ones are skipped)."""
-    return fetch(None, get_settings().data_dir)
+    return fetch(None, get_data_settings().data_dir)
 
 
 @pytest.fixture(scope="session")

@@ -6,13 +6,12 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from edgetrain.common.jobs import PartState
 from edgetrain.common.limits import STATUS_PARTS
-from edgetrain.common.settings import get_settings
 
 from .cli_args import (
     ExitCode,
@@ -24,7 +23,6 @@ from .cli_args import (
     positive_seconds,
     power_cap,
     power_cap_or_none,
-    redacted,
     settings_from,
     warn_secret_on_command_line,
 )
@@ -46,6 +44,7 @@ from .profile_cli import add_profile_commands
 
 if TYPE_CHECKING:
     from edgetrain.common.federated.records import FederatedStatus
+    from edgetrain.common.federated.spec import FederatedSpec
     from edgetrain.tasks.client import EdgeTrainClient
 
 
@@ -102,25 +101,27 @@ def _client(args: argparse.Namespace) -> EdgeTrainClient:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     """`edgetrain submit JOB.json [--wait] [--timeout S]`: prints the job id, then notes on stderr;
-    waiting, progress on stderr and the report on stdout, with the job's exit status."""
+    waiting, progress on stderr and the report on stdout, with the job's exit status. The spec is
+    checked before any setting is read."""
     from edgetrain.common.documents import DocumentError, read_document
-    from edgetrain.tasks.client import JobSpecError, datasets_missing_here, is_federated, validate_job
+    from edgetrain.common.federated.spec import FederatedSpec
+    from edgetrain.tasks.client import JobSpecError, datasets_missing_here, is_federated, validate_federated, validate_job
 
     from .progress import JobProgress
 
     try:
         raw = read_document(args.job, "job spec")
-        if is_federated(raw):
-            return _submit_federated(args, raw)
-        spec = validate_job(raw)
+        spec = validate_federated(raw) if is_federated(raw) else validate_job(raw)
     except (DocumentError, JobSpecError) as exc:
         print(exc, file=sys.stderr)
         return ExitCode.usage
     client = _client(args)
+    if isinstance(spec, FederatedSpec):
+        return _submit_federated(args, client, spec)
     job_id = client.submit(spec)
     print(job_id, flush=True)
     stalled = client.status(job_id).notes
-    for line in datasets_missing_here(spec) + stalled:
+    for line in datasets_missing_here(spec) + client.unregistered_notes(spec) + stalled:
         note(f"note: {line}")
     if not args.wait and args.timeout is None:
         return ExitCode.ok
@@ -131,10 +132,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     try:
         client.wait(job_id, timeout_s=args.timeout, on_update=progress)
     except TimeoutError:
-        status = client.status(job_id)
-        why = f": {' '.join(status.notes)}" if status.notes else ""
-        note(f"edgetrain: job {job_id} not finished after {args.timeout:g} s (it goes on; `edgetrain status {job_id}` follows it){why}")
-        return ExitCode.timed_out
+        progress.close()
+        notes = client.status(job_id).notes
+        return _stopped_waiting(f"job {job_id}", f"not finished after {args.timeout:g} s", ExitCode.timed_out, notes)
+    except KeyboardInterrupt:
+        progress.close()
+        return _stopped_waiting(f"job {job_id}", "not waited for: interrupted", ExitCode.interrupted)
     finally:
         progress.close()
     report = client.report(job_id)
@@ -142,16 +145,24 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return job_exit_code(report)
 
 
-def _submit_federated(args: argparse.Namespace, raw: dict[str, Any]) -> int:
+def _stopped_waiting(job: str, why: str, code: ExitCode, notes: list[str] | None = None) -> ExitCode:
+    """`submit --wait` stops waiting for `job` ("job ID" or "federated job ID") because of
+    `why`: says that the job goes on and how to follow or cancel it (and the `notes` on what it
+    waits for); returns `code`."""
+    job_id = job.split()[-1]
+    waits = f"; {' '.join(notes)}" if notes else ""
+    note(f"edgetrain: {job} {why}; it goes on: `edgetrain status {job_id}` follows it, `edgetrain cancel {job_id}` stops it{waits}")
+    return code
+
+
+def _submit_federated(args: argparse.Namespace, client: EdgeTrainClient, spec: FederatedSpec) -> int:
     """`edgetrain submit FEDERATED.json`: prints the job id; waiting, each round on stderr and
     the job at the end on stdout; exit 0 when it reached its target, 1 when not."""
     from edgetrain.common.federated.records import Phase
-    from edgetrain.tasks.client import validate_federated
 
     from .federated_output import format_federated
 
-    client = _client(args)
-    job_id = client.submit_federated(validate_federated(raw))
+    job_id = client.submit_federated(spec)
     print(job_id, flush=True)
     if not args.wait and args.timeout is None:
         return ExitCode.ok
@@ -165,8 +176,9 @@ def _submit_federated(args: argparse.Namespace, raw: dict[str, Any]) -> int:
     try:
         status = client.wait_federated(job_id, args.timeout, on_update=show)
     except TimeoutError:
-        note(f"edgetrain: federated job {job_id} not finished after {args.timeout:g} s (it goes on; `edgetrain status {job_id}`)")
-        return ExitCode.timed_out
+        return _stopped_waiting(f"federated job {job_id}", f"not finished after {args.timeout:g} s", ExitCode.timed_out)
+    except KeyboardInterrupt:
+        return _stopped_waiting(f"federated job {job_id}", "not waited for: interrupted", ExitCode.interrupted)
     print_json(status) if args.json else print(format_federated(status))
     return ExitCode.ok if status.state.phase == Phase.completed else ExitCode.failed
 
@@ -305,10 +317,12 @@ def cmd_select(args: argparse.Namespace) -> int:
 
 def cmd_data(args: argparse.Namespace) -> int:
     """`edgetrain data fetch|status`."""
+    from edgetrain.common.settings import get_data_settings
+
     from .data_fetch import FETCHERS, fetch, status
     from .progress import activity
 
-    data_dir = settings_from(args).data_dir
+    data_dir = get_data_settings().data_dir  # no Redis setting is read: fetching needs none
     if args.data_command == "status":
         result = status(data_dir)
         print_json(result) if args.json else print(format_data_status(result))
@@ -375,11 +389,22 @@ def cmd_exporter(args: argparse.Namespace) -> int:
 
 
 def cmd_redis_acl(args: argparse.Namespace) -> int:
-    """`edgetrain redis-acl`: the Redis ACL file of edgetrain's users."""
-    from .redis_acl import acl_file, read_passwords
+    """`edgetrain redis-acl`: the Redis ACL file of edgetrain's users, on stdout or written to
+    --out only once complete; --make-secrets first makes the password files that are missing."""
+    from edgetrain.common.files import write_atomically
+
+    from .redis_acl import acl_file, make_secrets, read_passwords
 
     try:
-        print(acl_file(read_passwords(args.passwords), args.key_prefix), end="")
+        if args.make_secrets and (made := make_secrets(args.passwords)):
+            note(f"made {', '.join(f'{role}.password' for role in made)} in {args.passwords} (readable by this user only)")
+        passwords = read_passwords(args.passwords)
+        text = acl_file(passwords, args.key_prefix)
+        if args.out is None:
+            print(text, end="")
+        else:
+            write_atomically(args.out, text.encode())
+            note(f"wrote {args.out}: users {', '.join(passwords)} on, the default user off")
     except (OSError, ValueError) as exc:
         print(f"edgetrain redis-acl: {exc}", file=sys.stderr)
         return ExitCode.usage
@@ -512,11 +537,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default="127.0.0.1", help="listen address (default 127.0.0.1; 0.0.0.0 for a scraper elsewhere)")
     p.set_defaults(func=cmd_exporter)
 
-    p = sub.add_parser("redis-acl", help="print a Redis ACL file with a user per role (worker, submitter, monitor)")
+    p = sub.add_parser("redis-acl", help="a Redis ACL file with a user per role (worker, submitter, monitor; replica and sentinel "
+                       "for Redis Sentinel)")
     p.add_argument("--passwords", type=Path, required=True, help="folder of <role>.password files")
+    p.add_argument("--make-secrets", action="store_true",
+                   help="first make a random password file for each role that has none (the folder 0700, the files 0600)")
+    p.add_argument("--out", type=Path, metavar="FILE", help="write the ACL file to FILE, only once it is complete (default: stdout)")
     p.add_argument("--key-prefix", default=DEFAULT_PREFIX, help="edgetrain's key prefix (EDGETRAIN_KEY_PREFIX)")
     p.set_defaults(func=cmd_redis_acl)
     return parser
+
+
+MONITOR_COMMANDS = {"doctor", "exporter", "flower"}  # they read every key and write none: the monitor user
+WORKER_COMMANDS = {"worker", "profile", "evaluate"}  # they send to device queues or consume tasks: the worker user
+
+
+def needs_user(command: str) -> str:
+    """Which Redis user (workers/redis_acl.py) `edgetrain COMMAND` needs."""
+    if command in WORKER_COMMANDS:
+        return "the worker user"
+    return f"the {'monitor' if command in MONITOR_COMMANDS else 'submitter'} user (or worker)"
+
+
+def _redis_url(args: argparse.Namespace) -> str:
+    """The Redis URL this command used, to name it in a message."""
+    from edgetrain.common.settings import SettingsError
+
+    try:
+        return settings_from(args).redis_url
+    except SettingsError:
+        return getattr(args, "redis_url", None) or os.environ.get("EDGETRAIN_REDIS_URL", "?")
 
 
 def _redis_full(url: str) -> str:
@@ -539,17 +589,22 @@ def main(argv: list[str] | None = None) -> int:
 
     from edgetrain.common.devices.base import DeviceError
     from edgetrain.common.ids import InvalidIdError
+    from edgetrain.common.redis_errors import describe
     from edgetrain.common.redis_health import RedisUnsafe
+    from edgetrain.common.settings import SettingsError
     from edgetrain.common.store import DeviceIdTaken, JobNotFoundError
 
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except SettingsError as exc:
+        print("\n".join(f"edgetrain: {line}" for line in str(exc).splitlines()), file=sys.stderr)
+        return ExitCode.usage
     except RedisUnsafe as exc:
         print(f"edgetrain: {exc}", file=sys.stderr)
         return ExitCode.redis_unsafe
     except redis.exceptions.OutOfMemoryError:
-        print(f"edgetrain: {_redis_full(getattr(args, 'redis_url', None) or get_settings().redis_url)}", file=sys.stderr)
+        print(f"edgetrain: {_redis_full(_redis_url(args))}", file=sys.stderr)
         return ExitCode.redis_unsafe
     except (DeviceError, InvalidIdError) as exc:
         print(f"edgetrain: {exc}", file=sys.stderr)
@@ -560,10 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     except JobNotFoundError as exc:
         print(f"edgetrain: {exc.args[0]}; `edgetrain jobs` lists the jobs", file=sys.stderr)
         return ExitCode.not_found
-    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError, redis.ResponseError) as exc:
-        url = redacted(getattr(args, "redis_url", None) or get_settings().redis_url)
-        print(f"edgetrain: cannot use Redis at {url}: {exc}. Is it running, and is that its address? "
-              "Set EDGETRAIN_REDIS_URL (or --redis-url) to the cluster's Redis", file=sys.stderr)  # fmt: skip
+    except redis.RedisError as exc:
+        print(f"edgetrain: {describe(exc, _redis_url(args), needs_user(args.command))}", file=sys.stderr)
         return ExitCode.unreachable
     except BrokenPipeError:  # the reader of our output went away (`| head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -11,6 +11,7 @@ from urllib.parse import parse_qs, urlparse
 
 from edgetrain.common.ids import InvalidIdError, checked_id
 from edgetrain.common.jobs import JobState, PartState
+from edgetrain.common.planner import never_registered
 from edgetrain.common.reports import JobReport
 from edgetrain.common.selection import InfeasibleCapError
 from edgetrain.common.settings import Settings
@@ -36,10 +37,13 @@ class ExitCode(IntEnum):
 def job_exit_code(report: JobReport) -> ExitCode:
     """A finished job's exit status: ok when every device completed and reached the target;
     infeasible when every device that failed did because no configuration meets its power cap;
+    usage (bad input) when every one that failed is an unknown device (it never registered);
     failed otherwise."""
     failed = [d for d in report.devices if d.state == PartState.failed]
     if failed and all(InfeasibleCapError.describes(d.reason) for d in failed):
         return ExitCode.infeasible
+    if failed and all(never_registered(d.reason) for d in failed):
+        return ExitCode.usage
     reached = all(d.achieved is not None and d.achieved.reached for d in report.devices)
     return ExitCode.ok if report.state == JobState.completed and reached else ExitCode.failed
 
@@ -104,14 +108,6 @@ def positive_seconds(text: str) -> float:
 def power_cap_or_none(text: str) -> float | None:
     """An argparse type: a board power cap in watts, or 'none'/'null' for no cap."""
     return None if text.strip().lower() in ("none", "null") else power_cap(text)
-
-
-def redacted(url: str) -> str:
-    """`url` with its password replaced by ***, to be shown to people."""
-    parsed = urlparse(url)
-    if parsed.password is None:
-        return url
-    return parsed._replace(netloc=parsed.netloc.replace(f":{parsed.password}@", ":***@")).geturl()
 
 
 def settings_from(args: argparse.Namespace) -> Settings:

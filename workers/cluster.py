@@ -198,7 +198,8 @@ class LocalCluster:
         from edgetrain.common.settings import Settings
         from edgetrain.tasks.app import producer_app
 
-        app = producer_app(Settings(redis_url=self.url, redis_url_file=None))  # this cluster's Redis, whatever the environment says
+        own = {"redis_password_file": None} if self._redis else {}  # an embedded Redis takes no password
+        app = producer_app(Settings(redis_url=self.url, redis_url_file=None, **own))  # this cluster's Redis, whatever the environment says
         store = self.store()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -29,7 +29,7 @@ def run_demo(as_json: bool, report_path: Path | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="edgetrain-demo-") as tmp, ExitStack() as stack:
         with activity("starting an embedded Redis and 4 worker processes (control, server, two simulated Jetsons)"):
             cluster = stack.enter_context(LocalCluster(Path(tmp), devices=dict(DEMO_DEVICES)))
-        client = EdgeTrainClient(cluster.url)
+        client = EdgeTrainClient(cluster.url, password_file=False)
         job_id = client.submit(QUICK_JOB)
         note(f"submitted job {job_id}")
         progress = JobProgress()

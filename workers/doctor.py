@@ -1,7 +1,7 @@
 """`edgetrain doctor`: checks a deployment and says what to fix, each finding with the setting
 or command that fixes it.
 
-- Redis: its version, `maxmemory-policy`, memory and persistence (common/redis_health.py),
+- Redis: a master (not a read-only replica), its version, `maxmemory-policy`, memory and persistence (common/redis_health.py),
   and an append-only file; the ACL users and TLS the URL configures, as configured: a URL that
   names a user needs the default user off (and Redis 7 for edgetrain's ACL file), a
   `rediss://` URL needs the server's certificate checked, and a Redis off this host must not
@@ -11,8 +11,9 @@ or command that fixes it.
   each worker found on its host at start (data roots, model modules, device permissions).
 - The fleet: devices on twins labelled simulated, and real ones not.
 
-The checks read Redis only (INFO, the registries, queue lengths), so the read-only `monitor`
-user may run it."""
+The checks read Redis only (INFO, the registries, every device's queue length), so they need a
+user that may read every key: `monitor` (read only), or `worker`; the `submitter` may not read
+the device queues, and is told which user to use instead."""
 
 from __future__ import annotations
 
@@ -21,14 +22,13 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import redis
 
 from edgetrain.common.host_checks import Finding
-from edgetrain.common.redis_address import sentinel_address
+from edgetrain.common.redis_address import redacted, sentinel_address
 from edgetrain.common.redis_health import RedisFacts, problems
 from edgetrain.common.settings import Settings
 from edgetrain.common.store import Store
 from edgetrain.common.store.connection import connect, master_address
 from edgetrain.tasks.contract import CONTROL_QUEUE, SERVER_QUEUE, device_queue
 
-from .cli_args import redacted
 from .flower import is_loopback
 
 MIN_REDIS = (6, 2)  # ACL users, ZMSCORE, GETDEL
@@ -46,8 +46,14 @@ def _release(version: str) -> tuple[int, ...]:
 
 
 def redis_findings(facts: RedisFacts, subject: str) -> list[Finding]:
-    """The Redis server's version, eviction policy, memory and persistence."""
+    """The Redis server's role (a master), version, eviction policy, memory and persistence."""
     found = []
+    if facts.role != "master":
+        found.append(Finding(check="redis role", subject=subject,
+                             problem=f"it is a read-only replica (role {facts.role}): every job, claim and heartbeat is a write "
+                                     "it refuses",
+                             fix="set EDGETRAIN_REDIS_URL to its master, or to the sentinels that follow the master "
+                                 "(sentinel://HOST:PORT,.../MASTER_NAME/DB)"))  # fmt: skip
     if _release(facts.version) < MIN_REDIS:
         found.append(Finding(check="redis version", subject=subject,
                              problem=f"Redis {facts.version} is older than {'.'.join(map(str, MIN_REDIS))}, which edgetrain needs "

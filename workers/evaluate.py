@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .cli_args import ExitCode, redacted, settings_from
+from edgetrain.common.redis_address import redacted
+
+from .cli_args import ExitCode, settings_from
 from .output import note
 
 if TYPE_CHECKING:
@@ -197,7 +199,7 @@ def _on_local_cluster(specs: list[EvaluationSpec], args: argparse.Namespace) -> 
         started = time.perf_counter()
         with LocalCluster(workdir, devices=twins, server_workers=args.server_workers, env=env, persistent_redis=True) as cluster:
             note(f"cluster ready after {time.perf_counter() - started:.0f} s")
-            client = EdgeTrainClient(cluster.url)
+            client = EdgeTrainClient(cluster.url, password_file=False)
             fleet = {d.device_id: d for d in client.fleet()}
             devices = [[fleet[twin_device_id(e.twin)] for e in spec.devices if e.twin] for spec in specs]
             return _run_all(client, specs, devices, args)

@@ -8,12 +8,15 @@ authentication, or on any address with `FLOWER_UNAUTHENTICATED_API=true`.
 
 On the `monitor` Redis user (workers/redis_acl.py), which has no remote control, Flower shows
 the workers and tasks from their events and the queue lengths of `ClusterQueues`, and cannot
-shut workers down or revoke tasks; on the `worker` user it can.
+shut workers down or revoke tasks; on the `worker` user it can. Flower still tries to inspect
+the workers at start and logs a warning for each refusal ("Inspect method stats failed: this
+user has no permissions ..."): each one says that it is expected (`ExpectedRefusals`).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,7 @@ from pathlib import Path
 from celery.events import EventReceiver
 from kombu import Queue
 
+from edgetrain.common.redis_address import redis_user
 from edgetrain.common.secret_files import read_secret
 from edgetrain.common.settings import Settings
 from edgetrain.common.store import Store
@@ -94,6 +98,24 @@ class ClusterQueues:
         return iter([Queue(name) for name in names])
 
 
+class ExpectedRefusals(logging.Filter):
+    """Adds to Flower's warnings of refused worker inspections that they are expected of a
+    user without remote control (the `monitor` user)."""
+
+    def __init__(self, user: str):
+        super().__init__()
+        self.user = user
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Keep every record; explain a refusal."""
+        message = record.getMessage()
+        if "no permissions" in message:
+            record.msg, record.args = (f"{message} (expected with the Redis user {self.user!r}, which has no remote control: "
+                                       "Flower shows the workers and tasks from their events, and cannot inspect, revoke or "
+                                       "shut down)"), None  # fmt: skip
+        return True
+
+
 def run_flower(settings: Settings, address: str, port: int, basic_auth: str | None) -> None:
     """Run Flower for the cluster of `settings` until it is stopped; FlowerConfigError first
     when it would serve the network without a login."""
@@ -104,6 +126,7 @@ def run_flower(settings: Settings, address: str, port: int, basic_auth: str | No
 
     context.init(settings, task_modules=())
     context.app().conf.task_queues = ClusterQueues(context.store())
+    logging.getLogger("flower.inspector").addFilter(ExpectedRefusals(redis_user(settings.redis_url) or "default"))
     EventReceiver.wakeup_workers = _no_wakeup
     argv = ["flower", f"--port={port}", f"--address={address}", "--enable_events=False"]  # the workers send events anyway
     if basic_auth:

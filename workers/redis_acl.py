@@ -32,6 +32,8 @@ publish a forged event, which Flower would show (events are not signed).
 from __future__ import annotations
 
 import hashlib
+import os
+import secrets
 from pathlib import Path
 
 from edgetrain.common.keys import DEFAULT_PREFIX
@@ -88,5 +90,26 @@ def read_passwords(folder: Path) -> dict[str, str]:
     """role -> password from the files `<role>.password` in `folder` (the roles present)."""
     found = {role: (folder / f"{role}.password").read_text().strip() for role in ROLES if (folder / f"{role}.password").is_file()}
     if not found:
-        raise ValueError(f"no <role>.password file in {folder}; roles: {list(ROLES)}")
+        raise ValueError(f"no <role>.password file in {folder} (roles: {', '.join(ROLES)}); "
+                         f"`edgetrain redis-acl --passwords {folder} --make-secrets` makes them")  # fmt: skip
+    empty = sorted(role for role, password in found.items() if not password)
+    if empty:
+        raise ValueError(f"empty password files in {folder}: {', '.join(f'{r}.password' for r in empty)}")
     return found
+
+
+def make_secrets(folder: Path) -> list[str]:
+    """A random password (192 bits) in `folder/<role>.password` for every role that has none,
+    the folder made this user's only (0700) and each file made readable by this user only
+    (0600); returns the roles given one. Existing passwords are kept."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    made = []
+    for role in ROLES:
+        path = folder / f"{role}.password"
+        if path.is_file() and path.read_text().strip():
+            continue
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as f:
+            f.write(secrets.token_urlsafe(24) + "\n")
+        made.append(role)
+    return made

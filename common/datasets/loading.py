@@ -8,15 +8,11 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from ..models import ModelEntry, Task
+from ..models import ModelEntry
 from ..schemas import DatasetRef
 from .images import IMAGE_LOADERS, adapt_images, unit_range
-from .registry import dataset_names, dataset_task
+from .registry import TEST_FRACTION, dataset_names, dataset_task, split_sizes
 from .text import TEXT_LOADERS, VOCAB, encode_text, text_windows
-
-IMAGE_TEST_FRACTION = 0.2
-TEXT_TEST_FRACTION = 0.1
-TEST_FRACTION: dict[Task, float] = {"image": IMAGE_TEST_FRACTION, "text": TEXT_TEST_FRACTION}
 
 
 @dataclass
@@ -29,10 +25,9 @@ class LoadedDataset:
 
 
 def _subset_and_split(n: int, fraction: float, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    order = order[: max(2, int(round(n * fraction)))]
-    n_test = max(1, int(round(len(order) * test_fraction)))
-    return order[n_test:].numpy(), order[:n_test].numpy()
+    train, test = split_sizes(n, fraction, test_fraction)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: train + test]
+    return order[test:].numpy(), order[:test].numpy()
 
 
 def _text_samples(ref: DatasetRef, model: ModelEntry) -> tuple[np.ndarray, np.ndarray]:

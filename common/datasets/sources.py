@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from ..schemas import DatasetRef
 from ..security import RefusedError, data_path, open_inside, opened_path
-from ..settings import get_settings
+from ..settings import get_data_settings
 
 MAX_PINNED_FILES = 256  # files of a dataset.path handed to a library that opens them by name (torchvision)
 
@@ -216,7 +216,7 @@ def dataset_files(name: str, path: str | None = None, data_dir: Path | None = No
     first complete one of its usual places (data_dir defaults to settings.data_dir).
     DatasetMissingError says how to get it."""
     source = SOURCES[name]
-    places = [user_data(path)] if path else [DataFiles(f) for f in source.folders(data_dir or get_settings().data_dir)]
+    places = [user_data(path)] if path else [DataFiles(f) for f in source.folders(data_dir or get_data_settings().data_dir)]
     for place in places:
         if source.complete(place.path):
             return place
@@ -230,7 +230,7 @@ def locate(name: str, path: str | None = None, data_dir: Path | None = None) -> 
 
 def user_data(path: str) -> DataFiles:
     """A dataset.path resolved inside the data roots; RefusedError when it leads out of them."""
-    roots = tuple(get_settings().readable_data_roots())
+    roots = tuple(get_data_settings().readable_data_roots())
     return DataFiles(data_path(path, roots), roots)
 
 

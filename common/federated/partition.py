@@ -5,9 +5,31 @@ from __future__ import annotations
 
 import numpy as np
 
-from .spec import Partition
+from ..datasets.registry import training_samples
+from .spec import FederatedSpec, Partition
 
 MIN_SAMPLES = 8  # the fewest samples a device's share may hold
+
+
+def share_problem(samples: int, devices: int, partition: Partition) -> str | None:
+    """Why `samples` training samples cannot be split over `devices` devices under `partition`
+    with MIN_SAMPLES in every share, as far as the count alone tells (a Dirichlet draw is only
+    known on the labels); None when they can. Starts with the field to change."""
+    if samples < devices * MIN_SAMPLES:
+        return (f"dataset: {samples} training samples cannot give {devices} devices {MIN_SAMPLES} samples each "
+                f"(at most {samples // MIN_SAMPLES} devices on this data)")  # fmt: skip
+    per_device = partition.shards_per_device
+    if partition.scheme == "shards" and samples // (devices * per_device) * per_device < MIN_SAMPLES:
+        return f"partition.shards_per_device: {per_device} shards per device leave a device fewer than {MIN_SAMPLES} samples"
+    return None
+
+
+def spec_share_problem(spec: FederatedSpec) -> str | None:
+    """`share_problem` of the job's dataset over the devices that hold no data of their own,
+    where its size is known without reading it (common/datasets/registry.py); None otherwise."""
+    samples = training_samples(spec.dataset) if spec.dataset is not None else None
+    devices = len(spec.partitioned())
+    return share_problem(samples, devices, spec.partition) if samples is not None and devices else None
 
 
 def split(labels: np.ndarray, devices: int, partition: Partition) -> list[np.ndarray]:
@@ -16,10 +38,8 @@ def split(labels: np.ndarray, devices: int, partition: Partition) -> list[np.nda
     MIN_SAMPLES (ValueError naming the field when the data cannot give that)."""
     if devices < 1:
         raise ValueError("devices: at least one device shares the dataset")
-    if len(labels) < devices * MIN_SAMPLES:
-        raise ValueError(
-            f"dataset: {len(labels)} training samples cannot give {devices} devices {MIN_SAMPLES} samples each"
-        )
+    if problem := share_problem(len(labels), devices, partition):
+        raise ValueError(problem)
     rng = np.random.default_rng(partition.seed)
     if partition.scheme == "iid":
         return [np.sort(part) for part in np.array_split(rng.permutation(len(labels)), devices)]
@@ -31,9 +51,7 @@ def split(labels: np.ndarray, devices: int, partition: Partition) -> list[np.nda
 def _shards(labels: np.ndarray, devices: int, per_device: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Sorted by label (ties in a seeded order), cut in devices * per_device shards, dealt at random."""
     order = np.lexsort((rng.permutation(len(labels)), labels))
-    shards = np.array_split(order, devices * per_device)
-    if min(len(s) for s in shards) * per_device < MIN_SAMPLES:
-        raise ValueError(f"partition.shards_per_device: {per_device} shards per device leave a device fewer than {MIN_SAMPLES} samples")
+    shards = np.array_split(order, devices * per_device)  # share_problem checked their size
     dealt = rng.permutation(len(shards))
     return [np.sort(np.concatenate([shards[k] for k in dealt[d * per_device : (d + 1) * per_device]])) for d in range(devices)]
 

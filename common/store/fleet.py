@@ -103,6 +103,25 @@ class FleetRegistry:
         now, _ = self._redis.time()
         return sorted(texts(self._redis.zrangebyscore(self._keys.fleet_seen(), "-inf", now - seconds_ago)))
 
+    def await_device(self, device_id: str, until: datetime) -> None:
+        """A job waits until `until` for `device_id`, which has not registered yet (the
+        earliest such time of all jobs is kept)."""
+        self._redis.zadd(self._keys.fleet_awaited(), {device_id: until.timestamp()}, lt=True)
+
+    def take_awaited(self) -> list[str]:
+        """The awaited devices (`await_device`) that have registered since, or whose earliest
+        wait is over (Redis time), taken off the list: their jobs are to be advanced."""
+        key = self._keys.fleet_awaited()
+        awaited: list[tuple[str, float]] = self._redis.zrange(key, 0, -1, withscores=True)  # type: ignore[assignment]
+        if not awaited:
+            return []
+        now, _ = self._redis.time()
+        registered = self._redis.smismember(self._keys.fleet_ids(), [d for d, _ in awaited])
+        taken = [d for (d, until), known in zip(awaited, registered) if known or until <= now]
+        if taken:
+            self._redis.zrem(key, *taken)
+        return taken
+
     def set_power_cap(self, device_id: str, power_cap_w: float | None) -> DeviceCap:
         """Set the board power cap (W; None = no cap) that fine-tunes running on `device_id`
         follow from their next step; returns it with its version."""

@@ -20,7 +20,7 @@ from edgetrain.common.datasets.sources import DataFiles, user_data
 from edgetrain.common.models import get_model
 from edgetrain.common.schemas import DatasetRef
 from edgetrain.common.security import RefusedError, open_inside
-from edgetrain.common.settings import get_settings
+from edgetrain.common.settings import reload_settings
 
 TEXT = "It is a truth universally acknowledged, that a single man in possession of a good fortune. " * 10
 SECRET = "S3CRET " * 200
@@ -78,9 +78,9 @@ def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     root, outside = tmp_path / "root", tmp_path / "outside"
     root.mkdir(), outside.mkdir()
     monkeypatch.setenv("EDGETRAIN_DATA_ROOTS", str(root))
-    get_settings.cache_clear()
+    reload_settings()
     yield root, outside
-    get_settings.cache_clear()
+    reload_settings()
 
 
 def after_the_check(monkeypatch: pytest.MonkeyPatch, swap: Swap) -> None:

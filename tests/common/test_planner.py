@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 
 from edgetrain.common.control_axis import ControlAxis
-from edgetrain.common.effects import ClaimAndEstimate, ClaimAndProfile, Note, SendFineTune
+from edgetrain.common.effects import AwaitDevice, ClaimAndEstimate, ClaimAndProfile, Note, SendFineTune
 from edgetrain.common.jobs import DevicePart, PartState
 from edgetrain.common.keys import table_id, vector_key
 from edgetrain.common.part_events import Dispatched, Failed, Prepared, Waiting
@@ -67,8 +67,23 @@ def test_a_final_part_changes_nothing_and_a_running_one_keeps_its_notice() -> No
     assert plan(view(state=PartState.finetuning)) == Step(Waiting(notice=None))
 
 
-def test_an_unregistered_device_fails_naming_the_registered_ones() -> None:
-    assert failed(plan(view(device=None, registered=("a", "b")))) == "unknown device 'd1': not registered in the fleet (registered: ['a', 'b'])"
+def test_a_device_not_registered_yet_waits_the_job_s_grace_from_the_submission_then_fails_naming_the_registered_ones() -> None:
+    submitted = utc_now()
+    within = plan(view(spec(device_grace_s=60), device=None, registered=("a", "b"), submitted_at=submitted,
+                       now=submitted + timedelta(seconds=59)))  # fmt: skip
+    deadline = submitted + timedelta(seconds=60)
+    assert isinstance(within.event, Waiting) and within.event.device_missing and within.effects == (AwaitDevice("d1", deadline),), within
+    assert within.event.notice == (f"device 'd1' is not registered in the fleet (yet); the part fails at {deadline:%H:%M:%S} UTC "
+                                   "unless its worker starts (`edgetrain worker device --device-id ...`)")  # fmt: skip
+    after = plan(view(spec(device_grace_s=60), device=None, registered=("a", "b"), submitted_at=submitted, now=deadline))
+    assert failed(after) == "unknown device 'd1': not registered in the fleet within the job's grace period of 60 s (registered: ['a', 'b'])"
+
+
+def test_a_re_queued_part_waits_for_an_unregistered_device_from_its_re_queue() -> None:
+    submitted = utc_now() - timedelta(hours=1)
+    requeued = DevicePart(device_id="d1", power_cap_w=5.0, state=PartState.pending, requeued_at=submitted + timedelta(minutes=59))
+    step = plan(view(spec(device_grace_s=120), device=None, part=requeued, submitted_at=submitted, now=utc_now()))
+    assert step.effects == (AwaitDevice("d1", requeued.requeued_at + timedelta(seconds=120)),)
 
 
 def test_missing_table_and_vector_profile_and_estimate_together() -> None:

@@ -31,7 +31,7 @@ from edgetrain.common.security import (
     data_path,
     user_model_problem,
 )
-from edgetrain.common.settings import Settings, get_settings
+from edgetrain.common.settings import Settings, get_settings, reload_settings
 from edgetrain.common.store import connect
 from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.tasks.client import EdgeTrainClient, JobSpecError, validate_job
@@ -78,11 +78,11 @@ def settings_env(monkeypatch: pytest.MonkeyPatch):
     def set_env(**values: str) -> Settings:
         for name, value in values.items():
             monkeypatch.setenv(f"EDGETRAIN_{name.upper()}", value)
-        get_settings.cache_clear()
+        reload_settings()
         return get_settings()
 
     yield set_env
-    get_settings.cache_clear()
+    reload_settings()
 
 
 # --------------------------------------------------------------------------- models
@@ -276,5 +276,5 @@ def test_security_settings_from_the_environment(tmp_path: Path, settings_env) ->
 def test_incomplete_signing_settings_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"missing: \['signing_cert_store'\]"):
         Settings(signing_key=tmp_path / "k.pem", signing_certificate=tmp_path / "c.pem")
-    with pytest.raises(ValueError, match="redis_url_file: cannot read"):
+    with pytest.raises(ValueError, match="EDGETRAIN_REDIS_URL_FILE: cannot read"):
         Settings(redis_url_file=tmp_path / "absent")

@@ -21,7 +21,8 @@ def test_the_demo_leaves_the_configured_redis_alone_and_names_its_report_by_job(
     fleet.flushdb()
     fleet.set("a-fleet-record", "1")
     (tmp / "url").write_text(redis_server.url)
-    env = {**os.environ, "EDGETRAIN_REDIS_URL": redis_server.url, "EDGETRAIN_REDIS_URL_FILE": str(tmp / "url")}
+    env = {**os.environ, "EDGETRAIN_REDIS_URL": redis_server.url, "EDGETRAIN_REDIS_URL_FILE": str(tmp / "url"),
+           "EDGETRAIN_REDIS_PASSWORD_FILE": "secrets/worker.password"}  # a fleet's setting the demo does not read  # fmt: skip
     done = subprocess.run([sys.executable, "-m", "edgetrain.workers.cli", "demo"], cwd=tmp, env=env, capture_output=True,
                           text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, (done.stdout, done.stderr)

@@ -89,7 +89,7 @@ def test_unknown_device_and_infeasible_cap_fail_alone(client, first_job) -> None
             {"device_id": "nano-1", "power_cap_w": 3.0},
             {"device_id": "ghost-7", "power_cap_w": 5.0},
             {"device_id": "tx2nx-1", "power_cap_w": 1.0},
-        ])
+        ], device_grace_s=0)  # ghost-7 is not waited for
     )  # fmt: skip
     status = client.wait(job_id, timeout_s=TIMEOUT_S)
     parts = status.parts

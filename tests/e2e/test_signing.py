@@ -58,14 +58,14 @@ def test_only_tasks_signed_by_a_trusted_key_run(tmp_path: Path) -> None:
     try:
         wait_for_log(worker.log, "ready.")
         store = Store.connect(server.url)
-        spec = JobSpec.model_validate(quick_job([{"device_id": "ghost"}]))
+        spec = JobSpec.model_validate(quick_job([{"device_id": "ghost"}], device_grace_s=0))
         unsigned, forged = uuid.uuid4().hex[:12], uuid.uuid4().hex[:12]
         for job_id in (unsigned, forged):
             store.jobs.create(job_id, spec)
         send(producer_app(Settings(redis_url=server.url)), TaskName.advance_job, unsigned)
         subprocess.run([sys.executable, "-c", SEND_ADVANCE, forged], env=env | signing_env(intruder, own), check=True)
         job_file = tmp_path / "job.json"
-        job_file.write_text(json.dumps(quick_job([{"device_id": "ghost"}])))
+        job_file.write_text(json.dumps(quick_job([{"device_id": "ghost"}], device_grace_s=0)))  # fails at once: the device is unknown
         submit = [sys.executable, "-m", "edgetrain.workers.cli", "submit", str(job_file)]
         signed = subprocess.run(submit, env=env | signing_env(fleet, trusted), capture_output=True, text=True, check=True).stdout.strip()
 

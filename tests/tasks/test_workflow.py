@@ -17,6 +17,7 @@ from edgetrain.common.store import Lease, Written
 from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.common.testing.tables import B, F, brute_force, random_monotone_table
 from edgetrain.tasks import context
+from edgetrain.tasks.client import poll_until
 from edgetrain.tasks.contract import SERVER_QUEUE, TaskName, device_queue
 from edgetrain.tasks.reaper import reap_once
 from edgetrain.tasks.workflow import advance_job, advance_page, fail_resource
@@ -43,8 +44,8 @@ def register(s, device_id: str, **changes) -> DeviceInfo:
     return info
 
 
-def submit(s, job_id: str, devices: list[dict]) -> JobSpec:
-    spec = JobSpec.model_validate(quick_job(devices, batch_sizes=B))
+def submit(s, job_id: str, devices: list[dict], **changes) -> JobSpec:
+    spec = JobSpec.model_validate(quick_job(devices, batch_sizes=B, **changes))
     s.jobs.create(job_id, spec)
     return spec
 
@@ -107,7 +108,7 @@ def test_with_table_and_vector_the_argmin_is_fine_tuned_once(s, broker) -> None:
 
 def test_failures_fail_the_part_and_the_job_finishes_once(s, broker) -> None:
     register(s, "d1")
-    submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}, {"device_id": "ghost", "power_cap_w": 5.0}])
+    submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}, {"device_id": "ghost", "power_cap_w": 5.0}], device_grace_s=0)
     advance_job("j1")
     fail_resource(table_resource(TID), "profiling on d1 failed: boom")  # wakes j1 through the control queue
     assert [t.payload for t in queued_tasks(broker, "control")] == ["j1"]
@@ -191,6 +192,38 @@ def test_a_device_heard_from_again_has_its_jobs_advanced_once_more_so_the_missin
     advance_page(JobPage(job_id="j1", page=0))
     assert s.jobs.part("j1", "d1").waiting is None and s.jobs.part("j1", "d1").state == PartState.finetuning
     assert reap_once(s, app, settings, frozenset()) == frozenset() and advances() == []  # nothing more once it is back
+
+
+def test_a_device_not_registered_yet_is_waited_for_and_its_job_advanced_when_it_registers_or_its_grace_ends(s, broker) -> None:
+    settings, app = context.settings(), context.app()
+
+    def advanced() -> list[str]:
+        found = [t.payload for t in queued_tasks(broker, "control") if t.name == TaskName.advance_page.value]
+        broker.delete("control")
+        return [JobPage.model_validate(p).job_id for p in found]
+
+    spec = submit(s, "j1", [{"device_id": "late", "power_cap_w": 5.0}], device_grace_s=600)
+    store_resources(s, spec)
+    advance_job("j1")
+    part = s.jobs.part("j1", "late")
+    assert part.state == PartState.pending and "'late' is not registered in the fleet (yet)" in part.waiting, part
+    assert EventKind.device_missing in kinds(s, "j1")
+    assert reap_once(s, app, settings) == frozenset() and advanced() == []  # still within its grace: nothing to do
+    register(s, "late")  # its worker starts
+    reap_once(s, app, settings)
+    assert advanced() == ["j1"]
+    advance_page(JobPage(job_id="j1", page=0))
+    assert s.jobs.part("j1", "late").state == PartState.finetuning and s.jobs.part("j1", "late").waiting is None
+    reap_once(s, app, settings)
+    assert advanced() == []  # taken off the list once it registered
+
+    submit(s, "j2", [{"device_id": "never", "power_cap_w": 5.0}], device_grace_s=1)
+    advance_job("j2")
+    assert s.jobs.part("j2", "never").state == PartState.pending
+    poll_until(lambda: reap_once(s, app, settings) is not None and advanced() or None, 10, 0.2, "the job advanced when its grace ended")
+    advance_page(JobPage(job_id="j2", page=0))
+    part = s.jobs.part("j2", "never")
+    assert part.state == PartState.failed and part.reason.startswith("unknown device 'never': not registered in the fleet within")
 
 
 def test_cancel_stops_parts_no_attempt_runs_at_once_and_asks_running_ones_to_stop(s, broker) -> None:

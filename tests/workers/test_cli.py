@@ -98,7 +98,7 @@ def test_unreachable_redis_is_one_line_naming_it_with_exit_status_4() -> None:
         done = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=120, env=env)
         assert done.returncode == ExitCode.unreachable, done.stderr
         assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
-        assert "cannot use Redis at redis://:***@127.0.0.1:1/0" in done.stderr and "secret" not in done.stderr
+        assert "cannot reach Redis at redis://:***@127.0.0.1:1/0" in done.stderr and "secret" not in done.stderr
 
 
 def test_bad_arguments_are_refused_with_what_is_allowed() -> None:
@@ -383,7 +383,7 @@ def test_submit_timeout_gives_up_with_exit_124_and_says_nothing_picks_the_job_up
     assert done.returncode == ExitCode.timed_out, done.stderr
     job_id = done.stdout.strip()
     assert f"nothing picks job {job_id} up until such a worker runs; --wait gives up after 2 s" in done.stderr
-    assert f"edgetrain: job {job_id} not finished after 2 s (it goes on; `edgetrain status {job_id}` follows it)" in done.stderr
+    assert f"edgetrain: job {job_id} not finished after 2 s; it goes on: `edgetrain status {job_id}` follows it, `edgetrain cancel {job_id}` stops it" in done.stderr
     lines = done.stderr.splitlines()  # a pipe: every event on one line, however long
     assert all(line.startswith(("note: ", "edgetrain: ", "[")) for line in lines), lines
     assert any(len(line) > 100 for line in lines)

@@ -16,7 +16,7 @@ from edgetrain.common.evaluation import EvaluationSpec
 from edgetrain.common.keys import vector_key
 from edgetrain.common.progress import ProfilingProgress, ProxyRunProgress
 from edgetrain.common.schemas import DeviceInfo, utc_now
-from edgetrain.common.settings import get_settings
+from edgetrain.common.settings import reload_settings
 from edgetrain.tasks.client import EdgeTrainClient, validate_job
 from edgetrain.workers.cli import main as edgetrain_main
 from edgetrain.workers.evaluation_progress import EvaluationProgress
@@ -73,12 +73,12 @@ def test_the_spec_models_refusals_name_the_field(tmp, no_redis, capsys, spec, wo
 
 def test_a_registered_device_without_a_cluster_and_missing_data_are_refused(tmp, no_redis, capsys, monkeypatch) -> None:
     monkeypatch.setenv("EDGETRAIN_DATA_DIR", str(tmp / "no-data"))
-    get_settings.cache_clear()
+    reload_settings()
     try:
         spec = TINY | {"devices": [{"device_id": "orin-1"}], "targets": [{"dataset": {"name": "cifar10"}, "target_accuracy": 0.5}]}
         assert evaluate(tmp, spec) == 2
     finally:
-        get_settings.cache_clear()
+        reload_settings()
     err = capsys.readouterr().err
     assert "devices.0.device_id: 'orin-1' is a registered device, which needs a running cluster" in err
     assert "targets.0.dataset: dataset 'cifar10': not found" in err

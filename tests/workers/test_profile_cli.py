@@ -15,7 +15,7 @@ from edgetrain.common.keys import table_id
 from edgetrain.common.models import get_model
 from edgetrain.common.profiling import profile
 from edgetrain.common.schemas import DeviceInfo, LearningRatePolicy, ProfileTable, ProfilingOptions, RelationVector
-from edgetrain.common.settings import get_settings
+from edgetrain.common.settings import reload_settings
 from edgetrain.workers.cli import main as edgetrain_main
 from edgetrain.workers.cli_args import ExitCode, connection_options
 from edgetrain.workers.cluster import LocalCluster
@@ -156,11 +156,11 @@ def test_run_stores_staircase_then_grid_and_force_profiles_again(cluster, capsys
 def test_run_reports_a_failure_on_the_device(cluster, capsys, monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(cluster.workdir / "modules"))
     monkeypatch.setenv("EDGETRAIN_ALLOWED_MODEL_MODULES", "unbuildable")
-    get_settings.cache_clear()
+    reload_settings()
     try:
         assert run(cluster, "--model", "unbuildable:build", "--batch-sizes", "4") == 1  # the factory cannot build a model
     finally:
-        get_settings.cache_clear()
+        reload_settings()
     assert "profiling failed: profiling on nano-9 failed:" in capsys.readouterr().err
 
 

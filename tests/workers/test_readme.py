@@ -166,7 +166,8 @@ def test_the_redis_line_runs_with_the_settings_edgetrain_needs_and_its_users_wor
         drive_part(store, "j1", "nano-7", PartState.profiling)
         store.progress.put_profiling(ProfilingProgress(device_type="jetson-nano", model="smallcnn", mode="grid", points_measured=3,
                                                        points_planned=72, started_at=utc_now()))  # fmt: skip
-        env = {**os.environ, "EDGETRAIN_REDIS_URL": url, "EDGETRAIN_REDIS_PASSWORD_FILE": str(tmp_path / exported["EDGETRAIN_REDIS_PASSWORD_FILE"])}
+        env = {**os.environ, "EDGETRAIN_REDIS_URL": url,
+               "EDGETRAIN_REDIS_PASSWORD_FILE": exported["EDGETRAIN_REDIS_PASSWORD_FILE"].replace("$PWD", str(tmp_path))}  # fmt: skip
         fleet = run_line("edgetrain fleet --json", tmp_path, env)
         assert fleet.returncode == 0 and json.loads(fleet.stdout) == {"devices": [], "workers": []}, fleet.stderr
         submitter = env | {"EDGETRAIN_REDIS_URL": url.replace("worker@", "submitter@"),
