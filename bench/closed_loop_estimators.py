@@ -1,7 +1,7 @@
 """The estimators measured for the closed loop (docs/closed-loop.md), on smallcnn pre-trained on
 Fashion-MNIST (60000 samples) and fine-tuned on the MNIST subset (real training, no device):
 
-- warp: solo runs at each batch size (bench/closed_loop.py's cached reference runs, no training
+- warp: solo runs at each batch size (bench/runs.py's cached reference runs, no training
   here): the samples each needs to reach a test loss, over b=128's, against N_b / N_128;
 - segments: one model trained in alternating segments at two batch sizes (A first), the ratio
   of their test-loss slopes (log loss per sample; each B segment against the A segments around
@@ -22,7 +22,7 @@ import sys
 import numpy as np
 import torch
 
-from bench.closed_loop import ARTIFACTS, pretrained, reference_run
+from bench.runs import ARTIFACTS, pretrained, reference_run
 from edgetrain.common.artifacts import initial_model
 from edgetrain.common.datasets.loading import load_dataset
 from edgetrain.common.models import get_model

@@ -30,7 +30,7 @@ from edgetrain.common.training import DeviceTotals, Trainer, make_optimizer, tra
 RESULTS = Path(__file__).resolve().parent / "results" / "runs"
 ARTIFACTS = RESULTS / "artifacts"
 EVAL_EVERY = 256
-MAX_SAMPLES = 80_000
+MAX_SAMPLES = 40_000
 BATCH_SIZES = [4, 8, 16, 32, 64, 128]
 
 
