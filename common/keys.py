@@ -6,6 +6,7 @@
     <p>:fleet:seen                         zset device id -> last heartbeat (Redis time, s)
     <p>:fleet:owner:<id>                   the worker instance serving a device id (expires)
     <p>:fleet:jobs:<id>                    set of jobs with an unfinished part on the device
+    <p>:fleet:running:<id>                 set of jobs whose fine-tune an attempt runs on the device now
     <p>:fleet:cap:<id>                     hash: the power cap set on the device while it runs
     <p>:workers                            zset worker node -> last heartbeat (Redis time, s)
     <p>:worker:<node>                      WorkerInfo JSON: role, queues, host, pid
@@ -35,7 +36,10 @@
     <p>:job:<id>:part:<device>             DevicePart JSON
     <p>:job:<id>:progress:<device>         FinetuneProgress JSON
     <p>:job:<id>:events                    list of JobEvent JSON (the newest MAX_EVENTS_KEPT)
-    <p>:job:<id>:states                    hash part state -> how many parts are in it
+    <p>:job:<id>:states                    hash: the job's summary: part state -> how many parts are in
+                                           it, parts that ended short of the target, and the totals of
+                                           its parts' progress (samples, device s, J)
+    <p>:job:<id>:in:<state>                set of the job's devices whose part is in that state
     <p>:sent                               zset task id of a profile, estimation or proxy run sent and
                                            not yet run -> when it was last seen held (s)
     <p>:sent:<task id>                     SentTask JSON: the task as it can be sent again
@@ -151,6 +155,9 @@ class Keys:
 
     def device_jobs(self, device_id: str) -> str:
         return f"{self.prefix}:fleet:jobs:{checked_id(device_id, 'device_id')}"
+
+    def device_running(self, device_id: str) -> str:
+        return f"{self.prefix}:fleet:running:{checked_id(device_id, 'device_id')}"
 
     def device_cap(self, device_id: str) -> str:
         return f"{self.prefix}:fleet:cap:{checked_id(device_id, 'device_id')}"

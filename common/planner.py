@@ -5,10 +5,11 @@ a `PartView`, calls `plan` and applies the decision (claims, dispatches, part up
 
 A part's states and their transitions:
 
-    pending    -> profiling | estimating | finetuning | failed
-    profiling  -> estimating | finetuning | failed   the table is ready (or failed)
-    estimating -> profiling | finetuning | failed    the vector is ready (or failed); a table
+    pending    -> profiling | estimating | queued | failed
+    profiling  -> estimating | queued | failed       the table is ready (or failed)
+    estimating -> profiling | queued | failed        the vector is ready (or failed); a table
                                                      that went stale is profiled again
+    queued     -> finetuning                         the device's worker takes its fine-tune up
     finetuning -> completed | failed | cancelled     reported by the attempt running it
     any other  -> cancelled                          the job was cancelled
     completed, failed, cancelled                     final (an operator may re-queue a part)
@@ -44,9 +45,10 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .jobs import TERMINAL, DevicePart, PartState
+from .jobs import DISPATCHED, TERMINAL, DevicePart, PartState
 from .keys import table_id, vector_key
 from .models import get_model
+from .part_events import configuration
 from .payloads import (
     FinetuneRequest,
     ProfileRequest,
@@ -187,8 +189,8 @@ def plan(view: PartView) -> Decision:
     device = view.device
     if device is None:
         return _missing_device(view)
-    if part.state == PartState.finetuning:
-        return Wait("fine-tuning", notice=None if part.device_missing else part.waiting)  # the attempt's notices stay
+    if part.state in DISPATCHED:
+        return Wait(part.state.value, notice=None if part.device_missing else part.waiting)  # the attempt's notices stay
     tid, vkey = resource_ids(spec, device.device_type)
     table, stale, missing = view.table, None, None
     if table is not None:
@@ -267,9 +269,9 @@ def _fine_tune(view: PartView, device: DeviceInfo, table: ProfileTable, vector: 
         problem = str(exc)
     why = choice.note or f"estimate T*r_b {choice.estimated_time_s:.4g} s"
     cap_text = "no cap" if cap is None else f"a {cap:g} W cap"
-    baseline = f"b={base.batch_size} f={base.frequency_hz} Hz" if base else problem
-    logger.info("job %s, %s under %s: %s chose b=%d f=%d Hz (%s); Baseline 1: %s", view.job_id, device.device_id, cap_text,
-                choice.strategy, choice.batch_size, choice.frequency_hz, why, baseline)  # fmt: skip
+    baseline = configuration(base, device.control) if base else problem
+    logger.info("job %s, %s under %s: planned %s with %s (%s); Baseline 1: %s; the device says if it starts otherwise",
+                view.job_id, device.device_id, cap_text, configuration(choice, device.control), choice.strategy, why, baseline)  # fmt: skip
     return FineTune(
         device=device,
         selection=choice,

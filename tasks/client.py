@@ -255,8 +255,8 @@ class EdgeTrainClient:
         self, job_id: str, devices: list[str] | None = None, state: PartState | None = None, page: int | None = None
     ) -> JobStatus:
         """The job's state, counts of parts per state, parts, progress and events, with notes on
-        what it waits for that no live worker will do and how far the tables and vector it
-        waits for are; a part that failed before its device's type was recorded shows the type
+        what it waits for that no live worker will do, how far the tables and vector it waits
+        for are, and what runs on the devices of its queued parts; a part that failed before its device's type was recorded shows the type
         it is registered with. Parts: those of `devices`, else those in `state`, else every
         part of a job of up to STATUS_PARTS devices, else a summary (the failed parts, then the
         first devices, STATUS_PARTS in all, and the newest events; `shown` says which), so
@@ -273,9 +273,10 @@ class EdgeTrainClient:
             identity = self.store.identity.current()
             note = identity.reset_note() if identity else None
             raise JobNotFoundError(f"{exc.args[0]}; {note}" if note else exc.args[0]) from None
+        queued = [d for d, p in status.parts.items() if p.state == PartState.queued]
         return status.model_copy(update={
             "notes": stalled(status, self.workers()), "preparation": self._preparation(status), "parts": self._identified(status),
-            "shown": shown,
+            "shown": shown, "running_there": self.store.jobs.running_on(queued) if queued else {},
         })  # fmt: skip
 
     def _shown(

@@ -15,6 +15,7 @@ import uuid
 from celery.utils.log import get_task_logger
 
 from edgetrain.common.admission import job_refusal
+from edgetrain.common.control_axis import ControlAxis
 from edgetrain.common.jobs import (
     TERMINAL,
     DevicePart,
@@ -305,9 +306,11 @@ def _start_fine_tune(job_id: str, identity: Identified, decision: FineTune) -> N
     if decision.baseline1_problem:
         store().jobs.event(job_id, EventKind.baseline1_unavailable, f"Baseline 1 has no configuration: {decision.baseline1_problem}",
                            device_id)  # fmt: skip
-    dispatch_fine_tune(token, decision.request)
+    dispatch_fine_tune(token, decision.request, identity.control)
 
 
-def dispatch_fine_tune(token: str, request: FinetuneRequest) -> None:
-    """Send the fine-tune of a part, as the task `token` on its device's queue."""
-    send(app, TaskName.finetune, request, device_queue(request.device_id), task_id=token)
+def dispatch_fine_tune(token: str, request: FinetuneRequest, control: ControlAxis | None) -> None:
+    """Send the fine-tune of a part, as the task `token` on its device's queue (its label gives
+    the setting in the unit of the device's `control` axis)."""
+    setting = (control or ControlAxis.GPU_CLOCK_HZ).describe(request.frequency_hz)
+    send(app, TaskName.finetune, request, device_queue(request.device_id), task_id=token, setting=setting)

@@ -49,11 +49,59 @@ def _choice(label: str, choice: Selection, estimate_s: float | None, control: Co
     )
 
 
+BASELINE1_NOTE = ("baseline 1: what runs without edgetrain: the largest batch that fits in memory, at the highest frequency "
+                  "whose full-load power (the board's, whatever the model) meets the cap")  # fmt: skip
+
+
+def _watts(cap_w: float | None) -> str:
+    return "none" if cap_w is None else f"{cap_w:g} W"
+
+
+def _caps(d: DeviceReport) -> str:
+    """The job's cap for the device, then each other cap in force while it fine-tuned (an
+    `edgetrain cap`, a schedule's step) and from when (device s)."""
+    in_force, changes = d.power_cap_w, []
+    for switch in d.achieved.switches if d.achieved else []:
+        if switch.power_cap_w != in_force:
+            in_force = switch.power_cap_w
+            changes.append(f"{_watts(in_force)} from {switch.device_time_s:.1f} s")
+    return _watts(d.power_cap_w) + (f", then {', '.join(changes)}" if changes else "")
+
+
+def _over(d: DeviceReport) -> str:
+    """The verdict on the run's power against the cap in force when it was read."""
+    run = d.achieved
+    if not d.over_cap or run is None:
+        return ""
+    if run.guard.over_cap_w is not None:
+        return (f"; a reading of {run.guard.peak_over_cap_w:.3g} W was ABOVE the {run.guard.over_cap_w:g} W cap in force then "
+                f"({_fmt(run.guard.over_cap_s, 's')} over it)")  # fmt: skip
+    return f" ABOVE the {_watts(d.power_cap_w)} cap"
+
+
+def _headline(d: DeviceReport, control: ControlAxis) -> list[str]:
+    """The configuration the fine-tune runs and its estimate; the plan beside it, and why the
+    device chose otherwise, when it did."""
+    assert d.selection is not None
+    if d.started is None:
+        return [_choice("edgetrain ", d.selection, d.estimated_time_to_accuracy_s, control)] + (
+            [f"              {d.selection.note}"] if d.selection.note else []
+        )
+    started = d.started
+    plan = d.selection
+    return [
+        _choice("edgetrain ", started.selection, started.estimated_time_to_accuracy_s, control) + f"  (r_b: {started.vector})",
+        f"              chosen on the device at its first step: {started.selection.note or 'no reason given'}",
+        f"              planned b={plan.batch_size} {control.describe(plan.frequency_hz)}, estimated time to accuracy "
+        f"{_fmt(d.estimated_time_to_accuracy_s, 's')} with the proxy's r_b",
+    ]
+
+
 def _achieved(d: DeviceReport, target_accuracy: float) -> list[str]:
     run = d.achieved
     assert run is not None
     clock = "the twin's clock" if run.simulated else "measured on the device"
-    over = f" ABOVE the {d.power_cap_w} W cap" if d.over_cap else ""
+    over = _over(d)
     lines = [
         f"  achieved  : accuracy {run.final_accuracy:.3f} "
         f"({'reached' if run.reached else f'target {target_accuracy:g} not reached'}) after {run.samples_processed} samples",
@@ -70,7 +118,7 @@ def _achieved(d: DeviceReport, target_accuracy: float) -> list[str]:
     if run.paused_s:
         lines.append(f"              paused {_fmt(run.paused_s, 's')} at idle clocks: no configuration met the cap")
     if run.learned is not None:
-        lines.append(f"  learned   : {run.learned.source}: {run.learned.summary}")
+        lines.append(f"  learned   : {run.learned.summary}")
     if run.switches:
         lines.append("  switches  : (device time, cause, cap: old -> new)")
         lines += [f"              {switch.line()}" for switch in run.switches]
@@ -82,8 +130,7 @@ def format_report(report: JobReport) -> str:
     or the twin's clock) apart from the wall time the worker took."""
     lines = [f"job {report.job_id}: {report.state.value}"]
     for d in report.devices:
-        cap = "none" if d.power_cap_w is None else f"{d.power_cap_w} W"
-        lines.append(f"\n{d.device_id} [{d.device_type or '?'}] power cap {cap}{SIMULATED_NOTE if d.simulated else ''}")
+        lines.append(f"\n{d.device_id} [{d.device_type or '?'}] power cap {_caps(d)}{SIMULATED_NOTE if d.simulated else ''}")
         if d.state in (PartState.failed, PartState.cancelled):
             lines.append(f"  {d.state.value}: {d.reason}")
             continue
@@ -91,17 +138,19 @@ def format_report(report: JobReport) -> str:
             lines.append(f"  {d.state.value}")
             continue
         control = d.control or ControlAxis.GPU_CLOCK_HZ
-        lines.append(_choice("edgetrain ", d.selection, d.estimated_time_to_accuracy_s, control))
-        if d.selection.note:
-            lines.append(f"              {d.selection.note}")
-        if d.baseline1:
+        lines += _headline(d, control)
+        base, base_s = (d.started.baseline1, d.started.baseline1_estimated_time_to_accuracy_s) if d.started else (
+            d.baseline1, d.baseline1_estimated_time_to_accuracy_s)  # fmt: skip
+        if base:
             speedup = d.estimated_speedup_vs_baseline1
-            lines.append(
-                _choice("baseline 1", d.baseline1, d.baseline1_estimated_time_to_accuracy_s, control)
-                + (f"  (estimated speed-up {speedup:.2f}x)" if speedup else "")
-            )
+            lines.append(_choice("baseline 1", base, base_s, control) + (f"  (estimated speed-up {speedup:.2f}x)" if speedup else ""))
+        if d.state == PartState.queued:
+            behind = f" behind job {', '.join(d.behind)} (fine-tuning there now)" if d.behind else ""
+            lines.append(f"  queued on the device{behind}")
         if d.achieved:
             lines += _achieved(d, report.spec.target_accuracy)
+    if any(d.baseline1 for d in report.devices):
+        lines += ["", BASELINE1_NOTE]
     return "\n".join(lines)
 
 

@@ -45,33 +45,75 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# KEYS: the part, the job's events, then keys to set; ARGV: the attempt's token, an event (JSON
-# or ""), then one value per key to set. Sets them only while the part is fine-tuning and held
-# by that attempt; answers "gone" (no part), "stale" (another attempt holds it, or none),
-# "cancel" (written; the job asks the attempt to stop) or "ok".
+# KEYS: the part, the job's events, its summary, the part's progress and checkpoint; ARGV: the
+# attempt's token, then an event, the progress and the checkpoint (JSON, or "" for none), then
+# the events kept. Writes them only while the part is fine-tuning and held by that attempt (the
+# summary's progress totals move by what the new progress adds); answers "gone" (no part),
+# "stale" (another attempt holds it, or none), "cancel" (written; the job asks the attempt to
+# stop) or "ok".
 _FENCED_WRITE = """
 local raw = redis.call('GET', KEYS[1])
 if not raw then return 'gone' end
 local part = cjson.decode(raw)
 local attempt = part['attempt']
 if part['state'] ~= 'finetuning' or type(attempt) ~= 'table' or attempt['token'] ~= ARGV[1] then return 'stale' end
-for i = 3, #KEYS do redis.call('SET', KEYS[i], ARGV[i]) end
+if ARGV[3] ~= '' then
+  local new, old = cjson.decode(ARGV[3]), redis.call('GET', KEYS[4])
+  old = old and cjson.decode(old) or {}
+  for _, total in ipairs({'samples', 'device_time_s', 'energy_j'}) do
+    redis.call('HINCRBYFLOAT', KEYS[3], total, new[total] - (old[total] or 0))
+  end
+  redis.call('SET', KEYS[4], ARGV[3])
+end
+if ARGV[4] ~= '' then redis.call('SET', KEYS[5], ARGV[4]) end
 if ARGV[2] ~= '' then
-  redis.call('RPUSH', KEYS[2], ARGV[2])
-  redis.call('LTRIM', KEYS[2], -tonumber(ARGV[#ARGV]), -1)
+  if redis.call('RPUSH', KEYS[2], ARGV[2]) > tonumber(ARGV[5]) then redis.call('LTRIM', KEYS[2], -tonumber(ARGV[5]), -1) end
 end
 if type(part['cancel_requested_at']) == 'string' then return 'cancel' end
 return 'ok'
 """
 
 
-NOT_REACHED = "not_reached"  # a field of a job's counts: parts completed without reaching the target
+NOT_REACHED = "not_reached"  # a field of a job's summary: parts completed without reaching the target
+CANCELLED = "cancelled_at"  # a field of a job's summary: when cancelling it was asked for
+TOTALS = ("samples", "device_time_s", "energy_j")  # fields of a job's summary: its parts' progress summed
 
 
-def _counts(raw: dict) -> tuple[dict[PartState, int], int]:
-    """A job's counts hash: parts per state, and parts completed without reaching the target."""
-    counts = {text(s): int(n) for s, n in raw.items()}
-    return {PartState(s): n for s, n in counts.items() if s != NOT_REACHED}, counts.get(NOT_REACHED, 0)
+@dataclass(frozen=True)
+class Tally:
+    """A job's summary as Redis keeps it (one hash, changed with every part and progress write):
+    its parts per state, those completed short of the target, whether it was cancelled, and the
+    sums over its parts of their latest progress or final report (samples, device time s,
+    energy J)."""
+
+    counts: dict[PartState, int]
+    not_reached: int = 0
+    cancelled: bool = False
+    samples: float = 0.0
+    device_time_s: float = 0.0
+    energy_j: float = 0.0
+
+    @classmethod
+    def parse(cls, raw: dict) -> Tally:
+        """The summary from its hash (as HGETALL answers)."""
+        fields = {str(k): str(v) for k, v in raw.items()}
+        states = {s.value for s in PartState}
+        return cls(
+            counts={PartState(k): int(v) for k, v in fields.items() if k in states and int(v)},
+            not_reached=int(fields.get(NOT_REACHED, 0)),
+            cancelled=CANCELLED in fields,
+            **{total: float(fields.get(total, 0.0)) for total in TOTALS},
+        )
+
+    @property
+    def state(self) -> JobState:
+        """The job's state."""
+        return state_of_counts(self.counts, self.cancelled)
+
+    @property
+    def finished(self) -> bool:
+        """No part is left to finish."""
+        return not any(n > 0 for s, n in self.counts.items() if s not in TERMINAL)
 
 
 class JobNotFoundError(KeyError):
@@ -221,8 +263,10 @@ class JobStore:
             if change.part == before:
                 p.unwatch()
                 return before, change
+            reported = change.part.report is not None and before.report is None
+            last = p.get(self._keys.progress(job_id, device_id)) if reported else None  # written only by the attempt ending now
             p.multi()
-            self._write(p, job_id, before, change)
+            self._write(p, job_id, before, change, FinetuneProgress.model_validate_json(last) if last else None)
             return before, change
 
         before, change = self._transaction(key, run)
@@ -231,8 +275,9 @@ class JobStore:
         finished = self._finished(job_id) if change.part.state in TERMINAL and before.state not in TERMINAL else None
         return Applied(before, change, finished)
 
-    def _write(self, p: Pipeline, job_id: str, before: DevicePart, change: Change) -> None:
-        """Queue the writes of `change` (inside the part's transaction)."""
+    def _write(self, p: Pipeline, job_id: str, before: DevicePart, change: Change, last: FinetuneProgress | None) -> None:
+        """Queue the writes of `change` (inside the part's transaction); `last`: the part's
+        progress before a report that ends it."""
         after, device_id, k = change.part, before.device_id, self._keys
         p.set(k.part(job_id, device_id), after.model_dump_json())
         if after.state != before.state:
@@ -241,6 +286,14 @@ class JobStore:
             p.smove(k.parts_in(job_id, before.state.value), k.parts_in(job_id, after.state.value), device_id)
             if after.report is not None and not after.report.reached:
                 p.hincrby(k.job_states(job_id), NOT_REACHED, 1)
+        if after.report is not None and before.report is None:  # the totals hold the final figures from now on
+            final = (after.report.samples_processed, after.report.device_time_s, after.report.energy_j)
+            for total, value in zip(TOTALS, final):
+                p.hincrbyfloat(k.job_states(job_id), total, value - (getattr(last, total) if last else 0.0))
+        if before.attempt is None and after.attempt is not None:
+            p.sadd(k.device_running(device_id), job_id)
+        elif before.attempt is not None and after.attempt is None:
+            p.srem(k.device_running(device_id), job_id)
         member = f"{job_id}/{device_id}"
         if after.state in TERMINAL:
             p.srem(k.device_jobs(device_id), job_id)
@@ -263,12 +316,12 @@ class JobStore:
     def _finished(self, job_id: str) -> JobState | None:
         """The job's state if no part of it is left to finish (its `finished` event is logged and
         its keys set to expire, once per finish), else None."""
-        counts = self.states(job_id)
-        if any(n > 0 for s, n in counts.items() if s not in TERMINAL):
+        tally = self.tallies([job_id])[job_id]
+        if not tally.finished:
             return None
         if not self._redis.set(self._keys.once(f"finished:{job_id}"), "1", nx=True):
             return None
-        state = state_of_counts(counts)
+        state = tally.state
         with self._redis.pipeline() as p:
             self._log(p, job_id, JobEvent(kind=EventKind.finished, message=f"finished: {state.value}"))
             if self.retention_s is not None:
@@ -293,7 +346,21 @@ class JobStore:
 
     def states(self, job_id: str) -> dict[PartState, int]:
         """How many of the job's parts are in each state (one round trip)."""
-        return _counts(self._redis.hgetall(self._keys.job_states(job_id)))[0]
+        return self.tallies([job_id])[job_id].counts
+
+    def tallies(self, job_ids: list[str]) -> dict[str, Tally]:
+        """The summary of each of `job_ids` (one round trip; an unknown job's is empty)."""
+        with self._redis.pipeline(transaction=False) as p:
+            for job_id in job_ids:
+                p.hgetall(self._keys.job_states(job_id))
+            return {job_id: Tally.parse(raw) for job_id, raw in zip(job_ids, p.execute())}
+
+    def running_on(self, device_ids: list[str]) -> dict[str, list[str]]:
+        """The jobs whose fine-tune an attempt runs on each of `device_ids` now (one round trip)."""
+        with self._redis.pipeline(transaction=False) as p:
+            for device_id in device_ids:
+                p.smembers(self._keys.device_running(device_id))
+            return {d: sorted(texts(jobs)) for d, jobs in zip(device_ids, p.execute())}
 
     def attempt_write(
         self, job_id: str, device_id: str, attempt: str, progress: FinetuneProgress | None = None,
@@ -302,11 +369,11 @@ class JobStore:
         """Write what a running attempt measured (its progress, its checkpoint, an event for the
         log), only while it holds the part (see `Written`)."""
         k = self._keys
-        sets = [(k.progress(job_id, device_id), progress), (k.checkpoint(job_id, device_id), checkpoint)]
-        keys = [k.part(job_id, device_id), k.events(job_id)] + [key for key, value in sets if value is not None]
+        keys = [k.part(job_id, device_id), k.events(job_id), k.job_states(job_id), k.progress(job_id, device_id),
+                k.checkpoint(job_id, device_id)]  # fmt: skip
         logged = JobEvent(kind=event[0], device_id=device_id, message=event[1]).model_dump_json() if event else ""
-        args = [attempt, logged] + [value.model_dump_json() for _, value in sets if value is not None] + [MAX_EVENTS_KEPT]
-        return Written(text(self._fenced_write(keys=keys, args=args)))
+        values = [value.model_dump_json() if value is not None else "" for value in (progress, checkpoint)]
+        return Written(text(self._fenced_write(keys=keys, args=[attempt, logged, *values, MAX_EVENTS_KEPT])))
 
     def device_jobs(self, device_id: str) -> list[str]:
         """Jobs with an unfinished part on `device_id`."""
@@ -364,17 +431,17 @@ class JobStore:
                 p.mget([self._keys.progress(job_id, d) for d in ids])
             raw_events, raw_counts, *per_device = p.execute()
         raw_parts, raw_progress = per_device or ([], [])
-        counts = _counts(raw_counts)[0]
+        tally = Tally.parse(raw_counts)
         return JobStatus(
             job_id=job_id,
-            state=state_of_counts(counts),
+            state=tally.state,
             spec=record.spec,
             parts={d: DevicePart.model_validate_json(raw) for d, raw in zip(ids, raw_parts) if raw},
             progress={d: FinetuneProgress.model_validate_json(raw) for d, raw in zip(ids, raw_progress) if raw},
             created_at=record.created_at,
             events=[JobEvent.model_validate_json(raw) for raw in raw_events],
             cancelled_at=record.cancelled_at,
-            counts=counts,
+            counts=tally.counts,
         )
 
     def devices_in(self, job_id: str, state: PartState) -> list[str]:
@@ -386,8 +453,9 @@ class JobStore:
         return sorted(members, key=parsed[2].__getitem__)
 
     def summaries(self, limit: int = 100) -> list[JobSummary]:
-        """The newest `limit` jobs, newest first, with their state (two round trips); jobs whose
-        record expired are dropped from the list."""
+        """The newest `limit` jobs, newest first, with their state and, for a job with failed
+        parts, one of them and why it failed (at most three round trips); jobs whose record
+        expired are dropped from the list."""
         ids = [j for j in texts(self._redis.zrevrange(self._keys.jobs(), 0, limit - 1)) if is_id(j)]  # a member written past the client
         with self._redis.pipeline(transaction=False) as p:
             for job_id in ids:
@@ -397,17 +465,27 @@ class JobStore:
         gone = [j for j, raw in zip(ids, raws[::2]) if raw is None]
         if gone:
             self._redis.zrem(self._keys.jobs(), *gone)
-        summaries = []
-        for raw, counts in zip(raws[::2], raws[1::2]):
-            if raw is None:
-                continue
-            record = JobRecord.model_validate_json(raw)
-            states, not_reached = _counts(counts)
-            summaries.append(JobSummary(
-                job_id=record.job_id, state=state_of_counts(states), model=record.spec.model, devices=len(record.spec.devices),
-                created_at=record.created_at, not_reached=not_reached,
-            ))  # fmt: skip
-        return summaries
+        kept = [(JobRecord.model_validate_json(raw), Tally.parse(counts)) for raw, counts in zip(raws[::2], raws[1::2]) if raw]
+        failed = [r.job_id for r, tally in kept if tally.counts.get(PartState.failed)]
+        failures = dict(zip(failed, self._one_failed(failed)))
+        return [JobSummary(
+            job_id=record.job_id, state=tally.state, model=record.spec.model, devices=len(record.spec.devices),
+            created_at=record.created_at, not_reached=tally.not_reached, failed=tally.counts.get(PartState.failed, 0),
+            failure=failures.get(record.job_id),
+        ) for record, tally in kept]  # fmt: skip
+
+    def _one_failed(self, job_ids: list[str]) -> list[str | None]:
+        """For each job, one of its failed parts and why, "device: reason" (two round trips)."""
+        if not job_ids:
+            return []
+        with self._redis.pipeline(transaction=False) as p:
+            for job_id in job_ids:
+                p.srandmember(self._keys.parts_in(job_id, PartState.failed.value))
+            devices = [text(d) for d in p.execute()]
+        keys = [self._keys.part(j, d) for j, d in zip(job_ids, devices) if d]
+        parts = iter(self._redis.mget(keys) if keys else [])
+        found = [DevicePart.model_validate_json(raw) if d and (raw := next(parts)) else None for d in devices]
+        return [f"{part.device_id}: {part.reason}" if part else None for part in found]
 
     def cancel(self, job_id: str) -> JobRecord:
         """Record that cancelling the job was asked for (the planner then stops each part).
@@ -420,16 +498,18 @@ class JobStore:
             if raw is None:
                 raise JobNotFoundError(f"no job {job_id!r}")
             record = JobRecord.model_validate_json(raw)
-            counts = _counts(p.hgetall(self._keys.job_states(job_id)))[0]
-            if not any(n > 0 for s, n in counts.items() if s not in TERMINAL):
+            tally = Tally.parse(p.hgetall(self._keys.job_states(job_id)))
+            if tally.finished:
                 p.unwatch()
-                raise JobFinished(f"job {job_id} has already finished ({state_of_counts(counts).value}): nothing to cancel")
+                raise JobFinished(f"job {job_id} has already finished ({tally.state.value}): nothing to cancel")
             if record.cancelled_at is not None:
                 p.unwatch()
                 return record
-            record = record.model_copy(update={"cancelled_at": utc_now()})
+            now = utc_now()
+            record = record.model_copy(update={"cancelled_at": now})
             p.multi()
             p.set(key, record.model_dump_json())
+            p.hset(self._keys.job_states(job_id), CANCELLED, now.isoformat())
             self._log(p, job_id, JobEvent(kind=EventKind.cancelled, message="cancel requested"))
             return record
 
@@ -441,8 +521,7 @@ class JobStore:
         cutoff = utc_now().timestamp() - older_than_s
         pruned = []
         for job_id in texts(self._redis.zrangebyscore(self._keys.jobs(), "-inf", cutoff)):
-            counts = self.states(job_id)
-            if any(n > 0 for s, n in counts.items() if s not in TERMINAL):
+            if not self.tallies([job_id])[job_id].finished:
                 continue
             keys = self._job_keys(job_id)
             with self._redis.pipeline() as p:

@@ -8,7 +8,7 @@ import pytest
 
 from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
 from edgetrain.common.finetune import Cancelled, FineTune, Options, Stopping, Superseded
-from edgetrain.common.jobs import CheckpointRef, EventKind
+from edgetrain.common.jobs import CheckpointRef, EventKind, Started
 from edgetrain.common.learned import DataIdentity
 from edgetrain.common.payloads import finetune_request
 from edgetrain.common.presets import quick_job
@@ -34,6 +34,7 @@ class Writer:
     def __init__(self, answer: Written = Written.ok, answer_from: int = 0, checkpoints_only: bool = False):
         self.answer, self.answer_from, self.checkpoints_only = answer, answer_from, checkpoints_only
         self.writes: list[tuple] = []
+        self.begun: list[Started] = []
 
     def write(self, progress=None, checkpoint=None, event=None) -> Written:
         self.writes.append((progress, checkpoint, event))
@@ -41,6 +42,10 @@ class Writer:
         return self.answer if due else Written.ok
 
     def notice(self, notice):
+        return Written.ok
+
+    def started(self, started: Started) -> Written:
+        self.begun.append(started)
         return Written.ok
 
     def checkpoints(self) -> list[CheckpointRef]:
@@ -142,4 +147,7 @@ def test_a_first_job_runs_the_largest_batch_where_the_proxy_alone_favours_a_slow
     [switch] = [s for s in report.switches if s.cause == "evidence"]
     assert (switch.samples, switch.old_batch_size, switch.new_batch_size) == (0, 32, 128)
     assert "b=128 until this data measures both" in (switch.note or "") and "50% slower" in (switch.note or "")
-    assert any("b=128 until this data measures both" in text for _, text in writer.events())
+    [begun] = writer.begun  # what its report's headline names, beside the plan
+    assert begun.selection.batch_size == 128 and "b=128 until this data measures both" in (begun.selection.note or "")
+    assert begun.estimated_time_to_accuracy_s == pytest.approx(1.0) and begun.vector == "the proxy's r_b"
+    assert not [text for _, text in writer.events() if "until this data measures both" in text]  # said once, as the start

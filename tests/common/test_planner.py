@@ -44,7 +44,7 @@ def view(job: JobSpec | None = None, state: PartState = PartState.pending, **cha
     return PartView(**(base | changes))
 
 
-@pytest.mark.parametrize("state", [PartState.completed, PartState.failed, PartState.finetuning])
+@pytest.mark.parametrize("state", [PartState.completed, PartState.failed, PartState.queued, PartState.finetuning])
 def test_a_final_or_running_part_waits(state) -> None:
     assert isinstance(plan(view(state=state)), Wait)
 
@@ -155,7 +155,7 @@ def test_a_missing_device_waits_for_its_grace_period_then_fails_naming_when_it_w
         )
     short = spec(device_grace_s=5)
     assert isinstance(plan(view(short, device=None, last_seen=seen, heartbeat_ttl_s=ttl, now=seen + timedelta(seconds=36))), Fail)
-    assert plan(view(state=PartState.finetuning)) == Wait("fine-tuning")  # device live: the task owns the part
+    assert plan(view(state=PartState.finetuning)) == Wait("finetuning")  # device live: the task owns the part
 
 
 def test_a_table_without_rows_for_some_batch_sizes_profiles_those_rows_to_merge() -> None:

@@ -92,7 +92,7 @@ def test_with_table_and_vector_the_argmin_is_fine_tuned_once(s, broker) -> None:
     advance_job("j1")
     part = s.jobs.part("j1", "d1")
     _, b, f = brute_force(s.resources.table(TID), vector, 4.0)
-    assert part.state == PartState.finetuning and (part.selection.batch_size, part.selection.frequency_hz) == (b, f)
+    assert part.state == PartState.queued and (part.selection.batch_size, part.selection.frequency_hz) == (b, f)
     assert (part.device_type, part.simulated) == ("twin", True)
     (message,) = queued_tasks(broker, device_queue("d1"))
     assert message.name == TaskName.finetune.value
@@ -135,7 +135,7 @@ def test_baseline1_without_a_configuration_is_an_event(s, broker) -> None:
     spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
     store_resources(s, spec)
     advance_job("j1")
-    assert s.jobs.part("j1", "d1").state == PartState.finetuning
+    assert s.jobs.part("j1", "d1").state == PartState.queued
     assert EventKind.baseline1_unavailable in kinds(s, "j1")
 
 
@@ -145,7 +145,7 @@ def test_an_old_failure_is_ignored_while_the_resource_exists(s, broker) -> None:
     vector = store_resources(s, spec)
     s.coordination.fail(vector_resource(vector.key), "an old failure", ["j1"])  # ignored: the vector exists
     advance_job("j1")
-    assert s.jobs.part("j1", "d1").state == PartState.finetuning
+    assert s.jobs.part("j1", "d1").state == PartState.queued
 
 
 def test_a_big_job_is_advanced_in_pages(s, broker) -> None:
@@ -168,7 +168,7 @@ def test_a_device_heard_from_again_has_its_jobs_advanced_once_more_so_the_missin
     spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
     store_resources(s, spec)
     advance_page(JobPage(job_id="j1", page=0))
-    assert s.jobs.part("j1", "d1").state == PartState.finetuning
+    assert s.jobs.part("j1", "d1").state == PartState.queued
     broker.delete(device_queue("d1"))
     broker.zadd(s.keys.fleet_seen(), {"d1": broker.time()[0] - settings.heartbeat_ttl_s - 10})  # silent, within the grace
     broker.delete(s.keys.device("d1"))
@@ -186,7 +186,7 @@ def test_a_device_heard_from_again_has_its_jobs_advanced_once_more_so_the_missin
     register(s, "d1")  # the restarted worker heartbeats again
     assert reap_once(s, app, settings, silent) == frozenset() and [p.job_id for p in advances()] == ["j1"]
     advance_page(JobPage(job_id="j1", page=0))
-    assert s.jobs.part("j1", "d1").waiting is None and s.jobs.part("j1", "d1").state == PartState.finetuning
+    assert s.jobs.part("j1", "d1").waiting is None and s.jobs.part("j1", "d1").state == PartState.queued
     assert reap_once(s, app, settings, frozenset()) == frozenset() and advances() == []  # nothing more once it is back
 
 
@@ -214,7 +214,7 @@ def test_cancel_stops_parts_no_attempt_runs_at_once_and_asks_running_ones_to_sto
 
     s.jobs.apply("j1", "d1", Requeued())  # a part of a cancelled job runs again, and is not cancelled again
     advance_job("j1")
-    assert s.jobs.part("j1", "d1").state == PartState.finetuning
+    assert s.jobs.part("j1", "d1").state == PartState.queued
     assert [t.name for t in queued_tasks(broker, device_queue("d1"))].count(TaskName.finetune.value) == 2  # the first, then this one
 
 
@@ -256,7 +256,7 @@ def test_a_lost_fine_tune_attempt_lets_its_part_go_before_its_message_is_restore
     broker.zadd(s.keys.leases(), {lease.task_id: broker.time()[0] - settings.lease_ttl_s - 1})  # its process stopped renewing
     reap_once(s, context.app(), settings)
     after = s.jobs.part("j1", "d1")
-    assert after.attempt is None and after.state == PartState.finetuning and s.liveness.lease(lease.task_id) is None
+    assert after.attempt is None and after.state == PartState.queued and s.liveness.lease(lease.task_id) is None
     assert [e.kind for e in s.jobs.status("j1").events][-1] == EventKind.attempt_lost
     assert s.jobs.attempt_write("j1", "d1", "a1") == Written.stale  # the old attempt, if it wakes, writes nothing
 
