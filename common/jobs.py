@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime
 from enum import Enum
@@ -94,7 +93,7 @@ class DevicePart(Strict):
 
 
 class JobState(str, Enum):
-    """A job's state, derived from its parts by `job_state`."""
+    """A job's state, derived from how many of its parts are in each state by `state_of_counts`."""
 
     queued = "queued"  # every part pending
     running = "running"
@@ -260,11 +259,6 @@ class JobStatus(Strict):
         total = sum(self.counts.values())
         noun = "part" if total == 1 else "parts"
         return f"{total} {noun}: " + ", ".join(f"{self.counts[s]} {s.value}" for s in PartState if self.counts.get(s))
-
-
-def job_state(parts: list[DevicePart], cancelled: bool = False) -> JobState:
-    """Derive a job's state from its device parts (`cancelled`: cancelling it was asked for)."""
-    return state_of_counts(Counter(p.state for p in parts), cancelled)
 
 
 def state_of_counts(counts: Mapping[PartState, int], cancelled: bool = False) -> JobState:

@@ -22,7 +22,7 @@ from edgetrain.common.documents import nesting_problem
 from edgetrain.common.federated.records import FINAL, FederatedRecord, FederatedState, FederatedStatus
 from edgetrain.common.federated.spec import FederatedSpec
 from edgetrain.common.ids import checked_id
-from edgetrain.common.jobs import DevicePart, EventKind, JobEvent, JobState, JobStatus, JobSummary, PartState
+from edgetrain.common.jobs import TERMINAL, DevicePart, EventKind, JobEvent, JobState, JobStatus, JobSummary, PartState
 from edgetrain.common.keys import (
     DEFAULT_PREFIX,
     table_id,
@@ -379,14 +379,23 @@ class EdgeTrainClient:
         """The newest jobs (at most `limit`), newest first, or those in `state`."""
         return [j for j in self.store.jobs.summaries(limit) if state is None or j.state == state]
 
-    def cancel(self, job_id: str) -> JobStatus:
+    def cancel(self, job_id: str, settle_s: float = 5.0) -> JobStatus:
         """Stop a job: nothing more of it is dispatched, parts that no attempt runs are cancelled
         at once, running fine-tunes checkpoint, stop at their next step and restore their device.
-        JobNotFoundError for an unknown id, JobFinished (nothing changed) when every part has
-        finished already."""
+        Returns its status once the control worker has done so (every part final or asked to
+        stop), or after `settle_s` s as it is then. JobNotFoundError for an unknown id,
+        JobFinished (nothing changed) when every part has finished already."""
         self.store.jobs.cancel(checked_id(job_id, "job_id"))
         send(self.app, TaskName.advance_job, job_id)
-        return self.status(job_id)
+
+        def settled() -> JobStatus | None:
+            status = self.status(job_id)
+            return status if all(p.state in TERMINAL or p.cancel_requested_at for p in status.parts.values()) else None
+
+        try:
+            return poll_until(settled, settle_s, 0.2, f"cancelling job {job_id}")
+        except TimeoutError:
+            return self.status(job_id)
 
     def requeue(self, job_id: str, device_id: str) -> None:
         """Plan a part of a job again: a failed or cancelled one (also of a cancelled job), or a

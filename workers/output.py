@@ -12,12 +12,14 @@ from typing import Any
 from pydantic import BaseModel
 
 from edgetrain.common.control_axis import ControlAxis
+from edgetrain.common.federated.records import FederatedStatus
 from edgetrain.common.jobs import JobStatus, JobSummary, PartState
 from edgetrain.common.keys import table_id
 from edgetrain.common.reports import DeviceReport, JobReport
-from edgetrain.common.schemas import DeviceInfo, ProfileTable, RelationVector, Selection
+from edgetrain.common.schemas import DeviceCap, DeviceInfo, ProfileTable, RelationVector, Selection
 from edgetrain.common.store import LiveWorker
 
+from .federated_output import federated_job_line
 from .progress import part_line
 
 SIMULATED_NOTE = " (SIMULATED device: time, power and energy come from its twin)"
@@ -169,26 +171,34 @@ def format_status(status: JobStatus) -> str:
     return "\n".join(lines)
 
 
-def format_jobs(jobs: list[JobSummary]) -> str:
-    """One line per job, newest first; a job with a device that did not reach the target says so."""
-    if not jobs:
-        return "no jobs"
-    return "\n".join(
-        f"{j.job_id}  {j.state.value:<10} {j.model:<18} {j.devices:>4} device(s)  submitted {j.created_at:%Y-%m-%d %H:%M:%S}"
-        + (f"  target not reached on {j.not_reached} of {j.devices}" if j.not_reached else "")
-        for j in jobs
-    )
+def format_jobs(jobs: list[JobSummary], federated: list[FederatedStatus], limit: int) -> str:
+    """One line per job, federated or not, newest first (at most `limit`); a job with a device
+    that did not reach the target says so, one with failed parts names one and why."""
+    lines = [(j.created_at, _job_line(j)) for j in jobs] + [(f.record.created_at, federated_job_line(f)) for f in federated]
+    return "\n".join(line for _, line in sorted(lines, key=lambda at_line: at_line[0], reverse=True)[:limit]) or "no jobs"
 
 
-def format_fleet(devices: list[DeviceInfo], workers: list[LiveWorker]) -> str:
-    """The registered devices, then the live workers (role, node, queues, host, last heartbeat)."""
+def _job_line(j: JobSummary) -> str:
+    line = f"{j.job_id}  {j.state.value:<10} {j.model:<18} {j.devices:>4} device(s)  submitted {j.created_at:%Y-%m-%d %H:%M:%S}"
+    if j.not_reached:
+        line += f"  target not reached on {j.not_reached} of {j.devices}"
+    if j.failed:
+        line += f"  {j.failed} of {j.devices} failed, e.g. {j.failure}" if j.failed > 1 else f"  failed: {j.failure}"
+    return line
+
+
+def format_fleet(devices: list[DeviceInfo], workers: list[LiveWorker], caps: dict[str, DeviceCap]) -> str:
+    """The registered devices, with the cap set on each by `edgetrain cap` (`caps`), then the
+    live workers (role, node, queues, host, last heartbeat)."""
     lines = [f"devices ({len(devices)} registered):"] if devices else ["no devices registered"]
     for d in devices:
         freqs = f"{len(d.frequencies_hz)} frequencies {d.frequencies_hz[0] / 1e6:.0f}-{d.frequencies_hz[-1] / 1e6:.0f} MHz"
         sim = " SIMULATED" if d.simulated else ""
+        cap = caps.get(d.device_id)
+        set_cap = f"; cap {_watts(cap.power_cap_w)} set {cap.set_at:%Y-%m-%d %H:%M:%S} UTC (`edgetrain cap`)" if cap else ""
         lines.append(
             f"  {d.device_id:<16} {d.device_type:<20} {d.backend:<7}{sim}  {freqs}, "
-            f"{d.memory_bytes / 2**30:.1f} GiB, heartbeat {d.heartbeat_at:%H:%M:%S}"
+            f"{d.memory_bytes / 2**30:.1f} GiB, heartbeat {d.heartbeat_at:%H:%M:%S}{set_cap}"
         )
     lines.append(f"workers ({len(workers)} live):" if workers else "no live workers")
     lines += [f"  {w.role:<8} {w.node:<32} queues {','.join(w.queues):<20} host {w.hostname} pid {w.pid}, "

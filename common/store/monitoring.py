@@ -1,6 +1,6 @@
 """What monitoring reads and counts: counters of events (tasks handed on, retries), jobs with
-their parts and progress in a few round trips, queue lengths, and the master the store ran on
-last (behind Redis Sentinel)."""
+their parts and progress in a few round trips, the fine-tunes running on devices, queue
+lengths, and the master the store ran on last (behind Redis Sentinel)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,18 @@ from dataclasses import dataclass
 
 import redis
 
-from ..jobs import DevicePart, FinetuneProgress, JobRecord
+from ..jobs import DevicePart, FinetuneProgress, JobRecord, PartState
 from ..keys import Keys
 from .connection import master_address, text, texts
+
+
+@dataclass(frozen=True)
+class Running:
+    """A fine-tune an attempt runs on a device now: its job, its part and its latest progress."""
+
+    job_id: str
+    part: DevicePart
+    progress: FinetuneProgress | None
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,35 @@ class Monitoring:
                 progress={d: FinetuneProgress.model_validate_json(raw) for d, raw in zip(ids, progress) if raw},
             ))  # fmt: skip
         return views
+
+    def running(self, device_ids: list[str]) -> dict[str, Running]:
+        """The fine-tune running on each of `device_ids` that runs one (the most recently
+        started, should a lost attempt not be let go yet): two round trips whatever the jobs' sizes."""
+        with self._redis.pipeline(transaction=False) as p:
+            for device_id in device_ids:
+                p.smembers(self._keys.device_running(device_id))
+            pairs = [(d, j) for d, jobs in zip(device_ids, p.execute()) for j in sorted(texts(jobs))]
+        with self._redis.pipeline(transaction=False) as p:
+            for device_id, job_id in pairs:
+                p.get(self._keys.part(job_id, device_id))
+                p.get(self._keys.progress(job_id, device_id))
+            replies = p.execute() if pairs else []
+        running: dict[str, Running] = {}
+        for (device_id, job_id), raw, progress in zip(pairs, replies[::2], replies[1::2]):
+            part = DevicePart.model_validate_json(raw) if raw else None
+            if part is None or part.attempt is None:
+                continue
+            known = running.get(device_id)
+            if known is None or (known.part.attempt and known.part.attempt.started_at < part.attempt.started_at):
+                running[device_id] = Running(job_id, part, FinetuneProgress.model_validate_json(progress) if progress else None)
+        return running
+
+    def parts_in(self, pairs: list[tuple[str, PartState]]) -> dict[tuple[str, PartState], list[str]]:
+        """For each (job, state): the job's devices whose part is in it (one round trip)."""
+        with self._redis.pipeline(transaction=False) as p:
+            for job_id, state in pairs:
+                p.smembers(self._keys.parts_in(job_id, state.value))
+            return {pair: texts(members) for pair, members in zip(pairs, p.execute())}
 
     def queue_lengths(self, queues: list[str]) -> dict[str, int]:
         """Messages waiting in each broker queue (Celery's Redis transport: a list per queue)."""
