@@ -53,7 +53,6 @@
     <p>:fed:<id>:rounds                    list of RoundRecord JSON: every round aggregated, in order
     <p>:fed:<id>:round:<r>                 hash device -> LocalUpdate JSON: the updates of round r
     <p>:fed:<id>:events                    list of JobEvent JSON (the newest MAX_EVENTS_KEPT)
-    <p>:lock:job:<id>:<page>               the lock held while a page of a job advances
     <p>:set-aside:<key>:<UTC time>         a record that no longer loaded, moved from <p>:<key> as it was
     <p>:set-asides                         hash set-aside key -> SetAside JSON: where it was, why, when
     <p>:counter:<name>                     hash label -> count: events the metrics count (tasks handed on, retries)
@@ -283,9 +282,6 @@ class Keys:
 
     def dispatched(self) -> str:
         return f"{self.prefix}:dispatched"
-
-    def job_lock(self, job_id: str, page: int) -> str:
-        return f"{self.prefix}:lock:job:{checked_id(job_id, 'job_id')}:{page}"
 
     def set_aside(self, key: str, at: datetime) -> str:
         """Where the record under `key` (a key of this prefix) is kept once set aside at `at` (UTC)."""

@@ -3,8 +3,10 @@
 `advance_job` reads each device's part of a job from the store, asks the planner
 (common/planner.py) what it needs next and applies the decision: it claims and dispatches
 profiling and estimation, records failures, and dispatches `finetune` once a selection is
-made. Tasks that produce a table or a vector advance every job waiting on it. Claims and
-once-only markers in Redis make repeated or concurrent advances harmless.
+made. Tasks that produce a table or a vector advance every job waiting on it. Repeated or
+concurrent advances of a page are harmless without a lock: a part's change is written only if
+the part is still as read (common/store/jobs.py), and claims and once-only markers in Redis
+keep the rest to one.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from edgetrain.common.jobs import (
     DevicePart,
     EventKind,
     JobRecord,
-    state_of_counts,
 )
 from edgetrain.common.keys import table_resource, vector_resource
 from edgetrain.common.limits import RECORDS_KEPT
@@ -62,7 +63,6 @@ from .context import settings, store
 from .contract import TaskName, device_queue, send, send_tracked
 
 logger = get_task_logger(__name__)
-JOB_LOCK_TIMEOUT_S = 120
 
 
 def notify_waiters(resource: str) -> None:
@@ -144,16 +144,15 @@ def advance_device(job_id: str, device_id: str) -> None:
 @app.task(name=TaskName.advance_job.value)
 def advance_job(job_id: str) -> str:
     """Do the next step of every device part of job `job_id`: at once for a job of one page,
-    else one `advance_page` task per page (control workers run them side by side, and no lock
-    or read grows with the fleet). Returns the job's state, or "paged"."""
-    record = store().jobs.record(job_id)
+    else one `advance_page` task per page (control workers run them side by side, and no read
+    grows with the fleet). Returns what it did: "advanced", "paged"."""
+    record = store().jobs.take_up(job_id)
     if record is None and store().federated.record(job_id) is not None:  # a table it waited for is stored
         send(app, TaskName.federated_advance, job_id)
         return "federated"
     if record is None:
         logger.warning("advance_job: no job %s", job_id)
         return "unknown job"
-    store().jobs.planned(job_id)
     pages = math.ceil(len(record.spec.devices) / settings().page_size)
     if pages == 1:
         return _advance_page(record, 0)
@@ -164,7 +163,7 @@ def advance_job(job_id: str) -> str:
 
 @app.task(name=TaskName.advance_page.value, pydantic=True)
 def advance_page(page: JobPage) -> str:
-    """Do the next step of the parts of one page of a job; returns the job's state."""
+    """Do the next step of the parts of one page of a job; returns "advanced"."""
     record = store().jobs.record(page.job_id)
     if record is None:
         logger.warning("advance_page: no job %s", page.job_id)
@@ -177,21 +176,20 @@ def _advance_page(record: JobRecord, page: int) -> str:
     size = settings().page_size
     targets = spec.devices[page * size : (page + 1) * size]
     refusal = _refusal(record)  # a spec written past the client
-    with s.lock(s.keys.job_lock(job_id, page), JOB_LOCK_TIMEOUT_S):
-        reader = _Reader(s, record, targets)
-        for target, part in zip(targets, s.jobs.parts(job_id, [t.device_id for t in targets])):
-            if part.state in TERMINAL:
-                continue
-            if refusal:
-                report(job_id, part.device_id, Failed(reason=refusal))
-                continue
-            try:
-                view = reader.view(target, part)
-                _apply(job_id, part, view, plan(view))
-            except Exception as exc:  # a bug or a model this worker cannot load: fail the part, say why
-                logger.exception("advancing %s/%s failed", job_id, part.device_id)
-                report(job_id, part.device_id, Failed(reason=f"planning failed: {type(exc).__name__}: {exc}"))
-    return state_of_counts(s.jobs.states(job_id)).value
+    reader = _Reader(s, record, targets)
+    for target, part in zip(targets, s.jobs.parts(job_id, [t.device_id for t in targets])):
+        if part.state in TERMINAL:
+            continue
+        if refusal:
+            report(job_id, part.device_id, Failed(reason=refusal))
+            continue
+        try:
+            view = reader.view(target, part)
+            _apply(job_id, part, view, plan(view))
+        except Exception as exc:  # a bug or a model this worker cannot load: fail the part, say why
+            logger.exception("advancing %s/%s failed", job_id, part.device_id)
+            report(job_id, part.device_id, Failed(reason=f"planning failed: {type(exc).__name__}: {exc}"))
+    return "advanced"
 
 
 def _refusal(record: JobRecord) -> str | None:
@@ -207,11 +205,12 @@ def _refusal(record: JobRecord) -> str | None:
 _refusals: dict[str, str | None] = {}
 
 
-def report(job_id: str, device_id: str, event: PartEvent) -> Applied | None:
-    """Apply an event to a part (common/part_events.py decides; the store applies it in one
-    transaction); None when it does not apply to the part as it is now (logged)."""
+def report(job_id: str, device_id: str, event: PartEvent, seen: DevicePart | None = None) -> Applied | None:
+    """Apply an event to a part (common/part_events.py decides; the store writes it only if the
+    part is still as decided on: `seen`, as this step read it, else as read again); None when it
+    does not apply to the part as it is now (logged)."""
     try:
-        return store().jobs.apply(job_id, device_id, event)
+        return store().jobs.apply(job_id, device_id, event, seen)
     except Refused as exc:
         logger.info("%s/%s: %s refused: %s", job_id, device_id, event.kind, exc)
         return None
@@ -221,24 +220,24 @@ def _apply(job_id: str, part: DevicePart, view: PartView | None, decision: Decis
     """Apply the planner's decision for one part, as events."""
     device_id = part.device_id
     if isinstance(decision, Wait):
-        applied = report(job_id, device_id, Waiting(notice=decision.notice, device_missing=decision.device_missing))
+        applied = report(job_id, device_id, Waiting(notice=decision.notice, device_missing=decision.device_missing), part)
         if applied and decision.device_missing and applied.change.message:
             _release_table_claim(job_id, view, part)
         return
     if isinstance(decision, Fail):
-        report(job_id, device_id, Failed(reason=decision.reason))
+        report(job_id, device_id, Failed(reason=decision.reason), part)
         return
     if isinstance(decision, Cancel):
-        report(job_id, device_id, Cancelled(reason=decision.reason))
+        report(job_id, device_id, Cancelled(reason=decision.reason), part)
         return
     if isinstance(decision, RequestCancel):
-        report(job_id, device_id, CancelRequested(reason=decision.reason))
+        report(job_id, device_id, CancelRequested(reason=decision.reason), part)
         return
     device = decision.device
     identity = Identified(device_type=device.device_type, simulated=device.simulated, control=device.control)
     if isinstance(decision, Prepare):
         assert view is not None
-        if not report(job_id, device_id, Prepared(state=decision.state, device=identity)):
+        if not report(job_id, device_id, Prepared(state=decision.state, device=identity), part):
             return
         if decision.stale and store().coordination.once(f"stale:{decision.table_id}:{job_id}"):
             store().jobs.event(job_id, EventKind.table_not_reused, f"table {decision.table_id} not reused: {decision.stale}", device_id)
@@ -247,7 +246,7 @@ def _apply(job_id: str, part: DevicePart, view: PartView | None, decision: Decis
         if decision.estimate is not None:
             _ensure_vector(job_id, decision)
         return
-    _start_fine_tune(job_id, identity, decision)
+    _start_fine_tune(job_id, part, identity, decision)
 
 
 def _release_table_claim(job_id: str, view: PartView | None, part: DevicePart) -> None:
@@ -290,7 +289,7 @@ def _ensure_vector(job_id: str, decision: Prepare) -> None:
         send_tracked(app, s.ledger, TaskName.estimate_relation_vector, decision.estimate, job_id=job_id)
 
 
-def _start_fine_tune(job_id: str, identity: Identified, decision: FineTune) -> None:
+def _start_fine_tune(job_id: str, part: DevicePart, identity: Identified, decision: FineTune) -> None:
     """Record the selection and dispatch the fine-tune under a new token (its task id): the
     part accepts an attempt only of that task and request. Sent after it is recorded, so a
     crash in between leaves a dispatched part without a task, which the reaper sends again."""
@@ -301,7 +300,7 @@ def _start_fine_tune(job_id: str, identity: Identified, decision: FineTune) -> N
         estimated_time_to_accuracy_s=decision.estimated_time_to_accuracy_s, baseline1=decision.baseline1,
         baseline1_estimated_time_to_accuracy_s=decision.baseline1_estimated_time_to_accuracy_s,
     )  # fmt: skip
-    if not report(job_id, device_id, dispatched):
+    if not report(job_id, device_id, dispatched, part):
         return
     if decision.baseline1_problem:
         store().jobs.event(job_id, EventKind.baseline1_unavailable, f"Baseline 1 has no configuration: {decision.baseline1_problem}",

@@ -1,14 +1,16 @@
 """Job records: the spec as submitted, each device's part, progress and the event log.
 
-A part changes only through `apply`, which runs common/part_events.py's `transition` in one
-Redis transaction with everything that follows from the change: the job's counts of parts per
-state, the device's index of unfinished jobs, the ledger of dispatched fine-tunes, the event
-log and, once every part is final, the job's `finished` event and its expiry. The attempt
+A part changes only through `apply`, which runs common/part_events.py's `transition` on the
+part as read and writes the change, only if the part is still so, in one script with
+everything that follows from it: the job's summary (parts per state), the device's index of
+unfinished jobs and of the job it runs, the ledger of dispatched fine-tunes, the event log
+and, once every part is final, the job's `finished` event and its expiry. The attempt
 running a fine-tune writes its progress and checkpoint through `attempt_write`, fenced by its
 token: a write of an attempt that no longer holds the part is refused."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import OrderedDict
@@ -72,6 +74,24 @@ end
 if type(part['cancel_requested_at']) == 'string' then return 'cancel' end
 return 'ok'
 """
+
+
+# KEYS: the part; ARGV: the part as it was read (JSON), then the writes (a JSON list of commands,
+# each a list of strings; "LOG key entry n" appends to a log kept to its newest n entries).
+# Runs the writes only while the part is as read: 1 when it ran them, 0 when the part changed
+# (or is gone) since.
+_COMPARE_AND_WRITE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+for _, command in ipairs(cjson.decode(ARGV[2])) do
+  if command[1] ~= 'LOG' then
+    redis.call(unpack(command))
+  elseif redis.call('RPUSH', command[2], command[3]) > tonumber(command[4]) then
+    redis.call('LTRIM', command[2], -tonumber(command[4]), -1)
+  end
+end
+return 1
+"""
+Command = list[str]
 
 
 NOT_REACHED = "not_reached"  # a field of a job's summary: parts completed without reaching the target
@@ -154,6 +174,7 @@ class JobStore:
     def __init__(self, client: redis.Redis, keys: Keys, retention_s: float | None = None):
         self._redis, self._keys, self.retention_s = client, keys, retention_s
         self._fenced_write = client.register_script(_FENCED_WRITE)
+        self._compare_and_write = client.register_script(_COMPARE_AND_WRITE)
         self._parsed: OrderedDict[str, tuple[bytes | str, JobRecord, dict[str, int]]] = OrderedDict()
         self._parsed_lock = threading.Lock()
 
@@ -189,9 +210,15 @@ class JobStore:
             p.execute()
         return record
 
-    def planned(self, job_id: str) -> None:
-        """The control worker took the job up (its first step ran)."""
-        self._redis.zrem(self._keys.unplanned(), job_id)
+    def take_up(self, job_id: str) -> JobRecord | None:
+        """The job's record (see `record`), struck off the jobs no control worker took up yet,
+        in one round trip; None for an unknown id."""
+        with self._redis.pipeline(transaction=False) as p:
+            p.get(self._keys.job(job_id))
+            p.zrem(self._keys.unplanned(), job_id)
+            raw, _ = p.execute()
+        parsed = self._parse(job_id, raw)
+        return parsed[1] if parsed else None
 
     def unplanned(self, before_s: float, limit: int) -> list[str]:
         """Up to `limit` jobs submitted before `before_s` (s) that no control worker took up yet
@@ -215,9 +242,10 @@ class JobStore:
         parsed = self._parse(job_id)
         return parsed[2].get(device_id) if parsed else None
 
-    def _parse(self, job_id: str) -> tuple[bytes | str, JobRecord, dict[str, int]] | None:
-        """(raw, record, position of each device id), parsed again only when the raw changed."""
-        raw = self._redis.get(self._keys.job(job_id))
+    def _parse(self, job_id: str, raw: bytes | str | None = None) -> tuple[bytes | str, JobRecord, dict[str, int]] | None:
+        """(raw, record, position of each device id), parsed again only when the raw (read now
+        unless given) changed."""
+        raw = raw if raw is not None else self._redis.get(self._keys.job(job_id))
         if not raw:
             return None
         with self._parsed_lock:
@@ -248,66 +276,64 @@ class JobStore:
             raise JobNotFoundError(f"job {job_id} has no device {missing[0]}")
         return [DevicePart.model_validate_json(raw) for raw in raws if raw is not None]
 
-    def apply(self, job_id: str, device_id: str, event: PartEvent) -> Applied:
-        """Apply `event` to the part of `device_id` (common/part_events.py decides the change) in
-        one transaction; part_events.Refused when it does not apply, JobNotFoundError when
-        there is no such part."""
+    def apply(self, job_id: str, device_id: str, event: PartEvent, seen: DevicePart | None = None) -> Applied:
+        """Apply `event` to the part of `device_id` (common/part_events.py decides the change)
+        and write it, with what follows from it, only if the part did not change meanwhile (else
+        read it again and decide again): one round trip from `seen` (the part as the caller
+        read it), two otherwise. part_events.Refused when it does not apply, JobNotFoundError
+        when there is no such part."""
         key = self._keys.part(job_id, device_id)
-
-        def run(p: Pipeline) -> tuple[DevicePart, Change]:
-            raw = p.get(key)
-            if raw is None:
+        raw = seen.model_dump_json() if seen is not None else None
+        while True:
+            if raw is None and (raw := text(self._redis.get(key))) is None:
                 raise JobNotFoundError(f"job {job_id} has no device {device_id}")
-            before = DevicePart.model_validate_json(raw)
+            before = seen if seen is not None else DevicePart.model_validate_json(raw)
             change = transition(before, event, utc_now())
             if change.part == before:
-                p.unwatch()
-                return before, change
+                break
             reported = change.part.report is not None and before.report is None
-            last = p.get(self._keys.progress(job_id, device_id)) if reported else None  # written only by the attempt ending now
-            p.multi()
-            self._write(p, job_id, before, change, FinetuneProgress.model_validate_json(last) if last else None)
-            return before, change
-
-        before, change = self._transaction(key, run)
+            last = self._redis.get(self._keys.progress(job_id, device_id)) if reported else None  # only the attempt ending now writes it
+            writes = self._write(job_id, before, change, FinetuneProgress.model_validate_json(last) if last else None)
+            if self._compare_and_write(keys=[key], args=[raw, json.dumps(writes)]):
+                break
+            raw, seen = None, None  # changed since it was read
         if change.part.state == PartState.failed and before.state != PartState.failed:  # every failure passes here
             logger.warning("job %s, %s failed: %s", job_id, device_id, change.part.reason)
         finished = self._finished(job_id) if change.part.state in TERMINAL and before.state not in TERMINAL else None
         return Applied(before, change, finished)
 
-    def _write(self, p: Pipeline, job_id: str, before: DevicePart, change: Change, last: FinetuneProgress | None) -> None:
-        """Queue the writes of `change` (inside the part's transaction); `last`: the part's
-        progress before a report that ends it."""
+    def _write(self, job_id: str, before: DevicePart, change: Change, last: FinetuneProgress | None) -> list[Command]:
+        """The writes of `change`, as Redis commands; `last`: the part's progress before a
+        report that ends it."""
         after, device_id, k = change.part, before.device_id, self._keys
-        p.set(k.part(job_id, device_id), after.model_dump_json())
+        summary, member = k.job_states(job_id), f"{job_id}/{device_id}"
+        writes = [["SET", k.part(job_id, device_id), after.model_dump_json()]]
         if after.state != before.state:
-            p.hincrby(k.job_states(job_id), before.state.value, -1)
-            p.hincrby(k.job_states(job_id), after.state.value, 1)
-            p.smove(k.parts_in(job_id, before.state.value), k.parts_in(job_id, after.state.value), device_id)
+            writes += [["HINCRBY", summary, before.state.value, "-1"], ["HINCRBY", summary, after.state.value, "1"],
+                       ["SMOVE", k.parts_in(job_id, before.state.value), k.parts_in(job_id, after.state.value), device_id]]  # fmt: skip
             if after.report is not None and not after.report.reached:
-                p.hincrby(k.job_states(job_id), NOT_REACHED, 1)
+                writes.append(["HINCRBY", summary, NOT_REACHED, "1"])
         if after.report is not None and before.report is None:  # the totals hold the final figures from now on
             final = (after.report.samples_processed, after.report.device_time_s, after.report.energy_j)
-            for total, value in zip(TOTALS, final):
-                p.hincrbyfloat(k.job_states(job_id), total, value - (getattr(last, total) if last else 0.0))
+            writes += [["HINCRBYFLOAT", summary, total, repr(value - (getattr(last, total) if last else 0.0))]
+                       for total, value in zip(TOTALS, final)]  # fmt: skip
         if before.attempt is None and after.attempt is not None:
-            p.sadd(k.device_running(device_id), job_id)
+            writes.append(["SADD", k.device_running(device_id), job_id])
         elif before.attempt is not None and after.attempt is None:
-            p.srem(k.device_running(device_id), job_id)
-        member = f"{job_id}/{device_id}"
+            writes.append(["SREM", k.device_running(device_id), job_id])
         if after.state in TERMINAL:
-            p.srem(k.device_jobs(device_id), job_id)
-            p.zrem(k.dispatched(), member)
+            writes += [["SREM", k.device_jobs(device_id), job_id], ["ZREM", k.dispatched(), member]]
         elif before.state in TERMINAL:  # planned again
-            p.sadd(k.device_jobs(device_id), job_id)
-            p.delete(k.once(f"finished:{job_id}"))
-            self._persist(p, job_id)
+            writes += [["SADD", k.device_jobs(device_id), job_id], ["DEL", k.once(f"finished:{job_id}")]]
+            writes += [["PERSIST", key] for key in self._job_keys(job_id)]
         if after.dispatch is not None and (before.dispatch is None or before.dispatch.token != after.dispatch.token):
-            p.zadd(k.dispatched(), {member: after.updated_at.timestamp()})
+            writes.append(["ZADD", k.dispatched(), repr(after.updated_at.timestamp()), member])
         elif after.dispatch is None and before.dispatch is not None:
-            p.zrem(k.dispatched(), member)
+            writes.append(["ZREM", k.dispatched(), member])
         if change.message is not None and change.kind is not None:
-            self._log(p, job_id, JobEvent(kind=change.kind, device_id=device_id, message=change.message, at=after.updated_at))
+            event = JobEvent(kind=change.kind, device_id=device_id, message=change.message, at=after.updated_at)
+            writes.append(["LOG", k.events(job_id), event.model_dump_json(), str(MAX_EVENTS_KEPT)])
+        return writes
 
     def _log(self, p: Pipeline, job_id: str, event: JobEvent) -> None:
         p.rpush(self._keys.events(job_id), event.model_dump_json())
@@ -339,10 +365,6 @@ class JobStore:
         per_device = [key for d in devices for key in (k.part(job_id, d), k.progress(job_id, d), k.checkpoint(job_id, d))]
         by_state = [k.parts_in(job_id, s.value) for s in PartState]
         return [k.job(job_id), k.events(job_id), k.job_states(job_id), k.once(f"finished:{job_id}"), *by_state, *per_device]
-
-    def _persist(self, p: Pipeline, job_id: str) -> None:
-        for key in self._job_keys(job_id):
-            p.persist(key)
 
     def states(self, job_id: str) -> dict[PartState, int]:
         """How many of the job's parts are in each state (one round trip)."""

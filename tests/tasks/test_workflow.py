@@ -2,13 +2,24 @@
 it stores, which events it logs and which task messages it leaves in the broker queues."""
 
 import random
+import threading
 
 import pytest
 import redis
 
-from edgetrain.common.jobs import DevicePart, EventKind, PartState
+from edgetrain.common.control_axis import ControlAxis
+from edgetrain.common.jobs import DevicePart, EventKind, JobState, PartState
 from edgetrain.common.keys import table_id, table_resource, vector_key, vector_resource
-from edgetrain.common.part_events import AttemptCancelled, AttemptFinished, AttemptStarted, Requeued, request_digest
+from edgetrain.common.part_events import (
+    AttemptCancelled,
+    AttemptFinished,
+    AttemptStarted,
+    Dispatched,
+    Identified,
+    Refused,
+    Requeued,
+    request_digest,
+)
 from edgetrain.common.payloads import FinetuneRequest, JobPage, ProfileRequest
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, EstimationRequest, JobSpec, RelationVector, RunReport
@@ -23,6 +34,7 @@ from edgetrain.tasks.workflow import advance_job, advance_page, fail_resource
 
 SHAPE = [1, 28, 28]
 TID = table_id("twin", "smallcnn", SHAPE)
+IDENTIFIED = Identified(device_type="twin", simulated=True, control=ControlAxis.GPU_CLOCK_HZ)
 
 
 @pytest.fixture
@@ -64,7 +76,7 @@ def kinds(s, job_id: str) -> list[EventKind]:
 def test_missing_table_and_vector_are_dispatched_once_across_jobs(s, broker) -> None:
     register(s, "d1")
     spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
-    assert advance_job("j1") == "running"
+    assert advance_job("j1") == "advanced"
     assert s.jobs.part("j1", "d1").state == PartState.profiling
     (profile,) = queued_tasks(broker, device_queue("d1"))
     assert profile.name == TaskName.profile_device.value
@@ -108,7 +120,8 @@ def test_failures_fail_the_part_and_the_job_finishes_once(s, broker) -> None:
     advance_job("j1")
     fail_resource(table_resource(TID), "profiling on d1 failed: boom")  # wakes j1 through the control queue
     assert [t.payload for t in queued_tasks(broker, "control")] == ["j1"]
-    assert advance_job("j1") == "failed"
+    advance_job("j1")
+    assert s.jobs.status("j1").state == JobState.failed
     advance_job("j1")
     status = s.jobs.status("j1")
     assert status.parts["d1"].reason == "profiling on d1 failed: boom"
@@ -128,6 +141,32 @@ def test_a_stale_table_is_reprofiled_and_said_once(s, broker) -> None:
     assert [t.name for t in queued_tasks(broker, device_queue("d1"))] == [TaskName.profile_device.value]
     stale = [e for e in s.jobs.status("j1").events if e.kind == EventKind.table_not_reused]
     assert len(stale) == 1 and "torch" in stale[0].message
+
+
+def test_concurrent_advances_of_a_job_dispatch_its_fine_tune_once_without_a_lock(s, broker) -> None:
+    register(s, "d1")
+    store_resources(s, submit(s, "j1", [{"device_id": "d1", "power_cap_w": 4.0}]))
+    seen = s.jobs.part("j1", "d1")  # read by one control process while another takes the part on
+    advance_job("j1")
+    assert s.jobs.part("j1", "d1").state == PartState.queued
+    with pytest.raises(Refused, match="the part is queued"):  # decided on what it read; refused on what is stored
+        s.jobs.apply("j1", "d1", Dispatched(device=IDENTIFIED, token="t2", request=s.jobs.part("j1", "d1").dispatch.request,
+                                            selection=s.jobs.part("j1", "d1").selection, estimated_time_to_accuracy_s=None), seen)  # fmt: skip
+    threads = [threading.Thread(target=advance_job, args=("j1",)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(queued_tasks(broker, device_queue("d1"))) == 1, [e.line() for e in s.jobs.status("j1").events]
+    assert kinds(s, "j1") == [EventKind.submitted, EventKind.selected]
+
+
+def test_a_part_read_back_serialises_as_stored(s) -> None:
+    register(s, "d1")
+    store_resources(s, submit(s, "j1", [{"device_id": "d1", "power_cap_w": 4.0}]))
+    advance_job("j1")
+    raw = s.jobs._redis.get(s.keys.part("j1", "d1"))  # what `apply(seen=...)` compares: one round trip, not two
+    assert DevicePart.model_validate_json(raw).model_dump_json() == raw
 
 
 def test_baseline1_without_a_configuration_is_an_event(s, broker) -> None:
@@ -156,7 +195,7 @@ def test_a_big_job_is_advanced_in_pages(s, broker) -> None:
     pages = queued_tasks(broker, "control")
     assert [t.name for t in pages] == [TaskName.advance_page.value] * 3
     assert [JobPage.model_validate(t.payload).page for t in pages] == [0, 1, 2]
-    assert advance_page(JobPage(job_id="big", page=2)) == "running"
+    assert advance_page(JobPage(job_id="big", page=2)) == "advanced"
     states = {d: p.state for d, p in s.jobs.status("big").parts.items()}
     assert all(states[f"d{i:03d}"] == PartState.profiling for i in range(100, 120))  # page 2 only: devices 100..119
     assert all(states[f"d{i:03d}"] == PartState.pending for i in range(100))
@@ -274,7 +313,7 @@ def test_a_table_and_vector_that_no_longer_load_are_set_aside_with_an_event_and_
     vkey = vector_key(spec.estimation_request())
     broker.set(s.keys.table(TID), b'{"batch_sizes": [4]}')  # an older or hand-edited format
     broker.set(s.keys.vector(vkey), b"{not json")
-    assert advance_job("j1") == "running"
+    advance_job("j1")
     events = s.jobs.status("j1").events
     assert [e.kind for e in events] == [EventKind.submitted, EventKind.set_aside, EventKind.set_aside, EventKind.profiling,
                                         EventKind.estimating]  # fmt: skip
@@ -294,7 +333,8 @@ def test_a_part_re_queued_after_its_table_failed_tries_again_instead_of_failing_
     submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
     advance_job("j1")
     fail_resource(table_resource(TID), "profiling on d1 was revoked by an operator")
-    assert advance_job("j1") == "failed"
+    advance_job("j1")
+    assert s.jobs.status("j1").state == JobState.failed
     s.jobs.apply("j1", "d1", Requeued())
     broker.delete(device_queue("d1"))
     advance_job("j1")
