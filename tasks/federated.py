@@ -129,13 +129,13 @@ def _next_round(record: FederatedRecord, state: FederatedState) -> str:
                                       "closed_with": [], "notice": None})  # fmt: skip
 
     try:
-        s.federated.change(job_id, decide, JobEvent(kind=EventKind.federated_round, message=_opened(r, plan)))
+        s.federated.change(job_id, decide, JobEvent(kind=EventKind.federated_round, message=_opened(r, plan, live)))
     except Refused:
         return "training"
     for a in plan:
         request = TrainRequest(job_id=job_id, round=r, device_id=a.device_id, batch_size=a.batch_size, frequency_hz=a.frequency_hz,
                                local_steps=a.local_steps)  # fmt: skip
-        send(app, TaskName.federated_train, request, device_queue(a.device_id))
+        send(app, TaskName.federated_train, request, device_queue(a.device_id), setting=live[a.device_id].control.describe(a.frequency_hz))
     return "training"
 
 
@@ -150,8 +150,9 @@ def _in_round(record: FederatedRecord, device: DeviceInfo, table: ProfileTable, 
     return DeviceInRound(device.device_id, device.device_type, cap, table, device.power_envelope_w)
 
 
-def _opened(r: int, plan: list[Assignment]) -> str:
-    each = ", ".join(f"{a.device_id} b={a.batch_size} f={a.frequency_hz} x{a.local_steps}" for a in plan)
+def _opened(r: int, plan: list[Assignment], live: dict[str, DeviceInfo]) -> str:
+    setting = {a.device_id: live[a.device_id].control.describe(a.frequency_hz) for a in plan}
+    each = ", ".join(f"{a.device_id} b={a.batch_size} f={setting[a.device_id]} x{a.local_steps}" for a in plan)
     return f"round {r} opened: {each}"
 
 

@@ -4,6 +4,8 @@ the store would (the attempt holds its part, the job is cancelled, another attem
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
@@ -12,7 +14,7 @@ from edgetrain.common.jobs import CheckpointRef, EventKind, Started
 from edgetrain.common.learned import DataIdentity
 from edgetrain.common.payloads import finetune_request
 from edgetrain.common.presets import quick_job
-from edgetrain.common.schemas import JobSpec, ProfileTable, RelationVector, Selection
+from edgetrain.common.schemas import JobSpec, ProfileTable, RelationVector, Selection, VectorProvenance
 from edgetrain.common.selection import Robust
 from edgetrain.common.store import Written
 
@@ -127,6 +129,19 @@ def test_a_checkpoint_that_cannot_be_written_is_a_warning_once_and_the_run_goes_
     warnings = [e for e in writer.events() if e[0] == EventKind.checkpoint_failed]
     assert len(warnings) == 1 and "the run goes on" in warnings[0][1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # no temporary file left behind
+
+
+def test_the_report_names_learned_r_b_only_where_they_chose_what_ran(tmp_path) -> None:
+    prior = RelationVector(batch_sizes=[32, 128], ratios=[0.5, 1.0], key="proxy")
+    learned = prior.model_copy(update={"provenance": VectorProvenance(source="learned", summary="learned from 2 fine-tune record(s)")})
+    recipe, _ = run(Writer(), tmp_path)
+    recipe.vector = prior  # it started from the proxy's r_b; records kept since gave the loop a posterior
+    recipe.loop = SimpleNamespace(posterior=learned, decisions=[])  # type: ignore[assignment]
+    assert recipe._learned() is None  # nothing it decided came from them
+    recipe.loop = SimpleNamespace(posterior=learned, decisions=["a switch for evidence"])  # type: ignore[assignment]
+    assert recipe._learned() == learned.provenance
+    recipe.vector, recipe.loop = learned, None  # it started from records of this data
+    assert recipe._learned() == learned.provenance
 
 
 def test_a_first_job_runs_the_largest_batch_where_the_proxy_alone_favours_a_slower_one(tmp_path) -> None:

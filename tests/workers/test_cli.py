@@ -28,6 +28,7 @@ from edgetrain.common.schemas import (
     RunReport,
     Selection,
     TrainingOutcome,
+    VectorProvenance,
     utc_now,
 )
 from edgetrain.common.selection import InfeasibleCapError
@@ -187,6 +188,13 @@ def test_the_report_flags_a_peak_above_the_cap_and_tells_device_time_from_wall_t
     assert "peak power 3.05 W ABOVE the 3 W cap" in text
     assert "device time 0.6 s (the twin's clock)" in text and "wall time on the worker 21 s" in text
     assert JobReport.from_status(store.jobs.status("j1")).state == JobState.completed
+
+
+def test_the_learned_line_says_where_r_b_came_from_once(store) -> None:
+    learned = VectorProvenance(source="learned", summary="learned from 2 fine-tune record(s) of this data: N_b measured at b=[16, 128]")
+    job_in(store, "j1", PartState.completed, run=report().model_copy(update={"learned": learned}))
+    lines = format_report(JobReport.from_status(store.jobs.status("j1"))).splitlines()
+    assert "  learned   : learned from 2 fine-tune record(s) of this data: N_b measured at b=[16, 128]" in lines, lines
 
 
 def test_a_peak_within_the_sensor_s_resolution_of_the_cap_is_not_above_it(store) -> None:
