@@ -219,9 +219,9 @@ class JobStatus(Strict):
     shown: str | None = Field(None, description="which parts `parts` holds when not all of them (a big job's summary)")
 
     def digest(self) -> str:
-        """What changes as the job goes on: part states and waits, progress, notes, events,
-        the tables and vector being made."""
-        parts = ";".join(f"{d}={p.state.value}:{p.waiting}" for d, p in self.parts.items())
+        """What changes as the job goes on: part states and waits (and what a queued part waits
+        behind), progress, notes, events, the tables and vector being made."""
+        parts = ";".join(f"{d}={p.state.value}:{p.waiting}:{self.running_there.get(d)}" for d, p in self.parts.items())
         progress = ";".join(f"{d}={p.samples}" for d, p in self.progress.items())
         made = self.preparation.model_dump_json()
         counts = ";".join(f"{s.value}={n}" for s, n in self.counts.items())

@@ -260,6 +260,7 @@ def transition(part: DevicePart, event: PartEvent, now: datetime) -> Change:
             raise Refused(f"an attempt runs the part ({part.attempt.node}): it is asked to stop instead")
         return _final(part, now, PartState.cancelled, event.reason, EventKind.cancelled, event.reason)
     if isinstance(event, CancelRequested):
+        _open(part, event)
         if part.attempt is None:
             raise Refused("no attempt runs the part: it is cancelled at once instead")
         if part.cancel_requested_at is not None:

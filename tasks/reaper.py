@@ -134,12 +134,7 @@ def redispatch_orphans(store: Store, app: Celery, settings: Settings) -> list[tu
 
     now = store.liveness.now()
     listed = store.jobs.dispatched_since(now - settings.lease_ttl_s, RECHECK_BATCH)
-    parts = {}
-    for job_id, device_id in listed:
-        try:
-            parts[(job_id, device_id)] = store.jobs.part(job_id, device_id)
-        except JobNotFoundError:
-            continue
+    parts = store.jobs.parts_at(listed)
     tokens = {key: p.dispatch.token for key, p in parts.items() if p.state in DISPATCHED and p.dispatch is not None}
     missing = _unheld(store, app, {token: device_queue(device_id) for (_, device_id), token in tokens.items()})
     orphans = [(key, token) for key, token in tokens.items() if token in missing]

@@ -92,7 +92,7 @@ def _headline(d: DeviceReport, control: ControlAxis) -> list[str]:
     started = d.started
     plan = d.selection
     return [
-        _choice("edgetrain ", started.selection, started.estimated_time_to_accuracy_s, control) + f"  (r_b: {started.vector})",
+        _choice("edgetrain ", started.selection, started.estimated_time_to_accuracy_s, control) + f"  ({started.vector})",
         f"              chosen on the device at its first step: {started.selection.note or 'no reason given'}",
         f"              planned b={plan.batch_size} {control.describe(plan.frequency_hz)}, estimated time to accuracy "
         f"{_fmt(d.estimated_time_to_accuracy_s, 's')} with the proxy's r_b",

@@ -276,6 +276,11 @@ class JobStore:
             raise JobNotFoundError(f"job {job_id} has no device {missing[0]}")
         return [DevicePart.model_validate_json(raw) for raw in raws if raw is not None]
 
+    def parts_at(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], DevicePart]:
+        """The parts of these (job, device) pairs that exist, in one command."""
+        raws = self._redis.mget([self._keys.part(j, d) for j, d in pairs]) if pairs else []
+        return {pair: DevicePart.model_validate_json(raw) for pair, raw in zip(pairs, raws) if raw}
+
     def apply(self, job_id: str, device_id: str, event: PartEvent, seen: DevicePart | None = None) -> Applied:
         """Apply `event` to the part of `device_id` (common/part_events.py decides the change)
         and write it, with what follows from it, only if the part did not change meanwhile (else
