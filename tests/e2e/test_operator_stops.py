@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from edgetrain.common.jobs import EventKind, PartState
+from edgetrain.common.jobs import TERMINAL, EventKind, PartState
 from edgetrain.common.presets import quick_job
 from edgetrain.common.testing.flower import flower
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
@@ -47,7 +47,7 @@ def running_fine_tune(client: EdgeTrainClient, job_id: str, samples: int = 1024)
 
 
 def ended(client: EdgeTrainClient, job_id: str, state: PartState):
-    part = poll_until(lambda: (p := client.status(job_id).parts[DEVICE]).state != PartState.finetuning and p or None,
+    part = poll_until(lambda: (p := client.status(job_id).parts[DEVICE]).state in TERMINAL and p or None,
                       STOPPED_S, 0.2, f"the part of {job_id} to end")  # fmt: skip
     assert part.state == state, (part.state, part.reason)
     return part
