@@ -10,13 +10,17 @@ them: what is measured is planning and dispatch, not training).
 - paced: one single-device job per device, submitted at a rate (jobs per second);
 - burst: one job over every device at once (planned in pages by the control worker's pool).
 
+Last, on a Redis of its own, one job over 10 000 devices (`--scrape-devices`) is dispatched and
+`edgetrain exporter`'s collector scrapes it (what Prometheus waits for, in this process).
+
 Latency = when a part's fine-tune was dispatched minus the job's submission time. Every part is
 checked at the end: each dispatched once, each device queue holding one fine-tune per job.
 What each paced job costs: the control worker's CPU (its main process and pool children) and
 the commands Redis runs (the fleet's heartbeats taken out), divided by the paced jobs. Runs
 the three sizes by default, each on its own Redis, and prints how each figure grows.
 
-    python bench/fleet_load.py [--sizes 500 2000 10000] [--rates 25 100 250] [--control-concurrency 2] [--json OUT]
+    python bench/fleet_load.py [--sizes 500 2000 10000] [--rates 25 100 250] [--control-concurrency 2]
+                               [--scrape-devices 10000] [--json OUT]
 """
 
 from __future__ import annotations
@@ -185,13 +189,7 @@ def run(devices: int, rate: float, control_concurrency: int) -> dict:
         heartbeats.beat()
         heartbeats.start()
         fleet_bytes = used_memory(store) - empty
-        rng = random.Random(0)
-        for info in {i.device_type: i for i in infos}.values():
-            store.resources.put_table(synthetic_table(info, rng))
-        request = JobSpec.model_validate(job_spec([infos[0]])).estimation_request()
-        ratios = [0.3, 0.4, 0.5, 0.7, 0.85, 1.0]
-        store.resources.put_vector(RelationVector(batch_sizes=PAPER_BATCH_SIZES, ratios=ratios, key=vector_key(request)))
-        assert all(store.resources.table(table_id(t, "smallcnn", SHAPE)) for t in {i.device_type for i in infos})
+        put_resources(store, infos)
 
         idle_before, idle_started = redis_work(store), time.perf_counter()
         time.sleep(HEARTBEAT_S + 0.5)  # a whole heartbeat period: what the fleet alone costs Redis
@@ -236,11 +234,57 @@ def run(devices: int, rate: float, control_concurrency: int) -> dict:
     }  # fmt: skip
 
 
+def scrape_run(devices: int, repeat: int = 10) -> dict:
+    """One job over `devices` registered devices, every fine-tune dispatched (the parts moved
+    there through the store, as the control worker would; no worker runs): (median, p99) of a
+    scrape of the exporter's collector (ms)."""
+    from prometheus_client import generate_latest
+
+    from edgetrain.common.control_axis import ControlAxis
+    from edgetrain.common.part_events import Dispatched, Identified
+    from edgetrain.common.payloads import finetune_request
+    from edgetrain.common.schemas import Selection
+    from edgetrain.workers.cluster import EmbeddedRedis
+    from edgetrain.workers.exporter import registry
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = EmbeddedRedis(Path(tmp))
+        try:
+            store, infos = Store.connect(server.url), fleet_infos(devices)
+            for info in infos:
+                store.fleet.register(info, 3600, f"bench:{info.device_id}")
+            spec = JobSpec.model_validate(job_spec(infos))
+            store.jobs.create("scraped", spec)
+            identity = Identified(device_type=infos[0].device_type, simulated=True, control=ControlAxis.GPU_CLOCK_HZ)
+            choice = Selection(batch_size=32, frequency_hz=infos[0].frequencies_hz[-1], estimated_time_s=1.0, peak_power_w=None)
+            for target in spec.devices:
+                request = finetune_request("scraped", spec, target, choice, "table", "vector")
+                store.jobs.apply("scraped", target.device_id, Dispatched(device=identity, token=target.device_id, request=request,
+                                                                         selection=choice, estimated_time_to_accuracy_s=1.0))  # fmt: skip
+            collector = registry(store, Settings(redis_url=server.url, redis_url_file=None))
+            median, p99 = timed_ms(lambda: generate_latest(collector), repeat=repeat)
+        finally:
+            server.stop()
+    return {"devices": devices, "scrape_ms": {"median": median, "p99": p99}}
+
+
+def put_resources(store: Store, infos: list[DeviceInfo]) -> None:
+    """A table for each device type and the job's relation vector, as profiling and the proxy would store them."""
+    rng = random.Random(0)
+    for info in {i.device_type: i for i in infos}.values():
+        store.resources.put_table(synthetic_table(info, rng))
+    request = JobSpec.model_validate(job_spec([infos[0]])).estimation_request()
+    ratios = [0.3, 0.4, 0.5, 0.7, 0.85, 1.0]
+    store.resources.put_vector(RelationVector(batch_sizes=PAPER_BATCH_SIZES, ratios=ratios, key=vector_key(request)))
+    assert all(store.resources.table(table_id(t, "smallcnn", SHAPE)) for t in {i.device_type for i in infos})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[500, 2000, 10000], help="fleet sizes (devices)")
     parser.add_argument("--rates", type=float, nargs="+", default=[25.0, 100.0, 250.0], help="paced jobs/s, one per size")
     parser.add_argument("--control-concurrency", type=int, default=2)
+    parser.add_argument("--scrape-devices", type=int, default=10000, help="devices of the one job the exporter scrapes")
     parser.add_argument("--json")
     args = parser.parse_args()
     if len(args.rates) != len(args.sizes):
@@ -263,6 +307,9 @@ def main() -> None:
         print(f"{r['devices']} devices: each paced job cost the control worker {r['control_cpu_ms_per_job']:.2f} ms of CPU and Redis "
               f"{r['redis_commands_per_job']:.0f} commands (the fleet's heartbeats taken out); Redis's CPU "
               f"{100 * r['redis_cpu_idle']:.0f} % of a core with heartbeats alone, {100 * r['redis_cpu_paced']:.0f} % while paced")
+    scraped = scrape_run(args.scrape_devices)
+    print(f"one job over {scraped['devices']} devices, every fine-tune dispatched: a scrape of the exporter takes "
+          f"{scraped['scrape_ms']['median']:.0f} ms (median), {scraped['scrape_ms']['p99']:.0f} ms (p99)")
     for small, big in zip(results, results[1:]):
         ideal = big["devices"] / small["devices"]
         grew = big["burst_all_dispatched_s"] / small["burst_all_dispatched_s"]
@@ -270,7 +317,7 @@ def main() -> None:
         print(f"{small['devices']} -> {big['devices']} devices (x{ideal:g}, linear): dispatch time x{grew:.1f}, "
               f"status median x{status:.1f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(json.dumps({"sizes": results, "scrape": scraped}, indent=2))
 
 
 if __name__ == "__main__":

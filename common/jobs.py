@@ -213,8 +213,8 @@ class JobStatus(Strict):
     notes: list[str] = Field(default_factory=list, description="what the job waits for that nothing will do")
     preparation: Preparation = Field(default_factory=Preparation, description="tables and vector being made for it")
     counts: dict[PartState, int] = Field(description="the job's parts in each state, all of them")
-    running_there: dict[str, list[str]] = Field(
-        default_factory=dict, description="for each queued part shown: the jobs whose fine-tune runs on its device now"
+    running_there: dict[str, str] = Field(
+        default_factory=dict, description="for each queued part shown whose device runs a fine-tune now: that fine-tune's job"
     )
     shown: str | None = Field(None, description="which parts `parts` holds when not all of them (a big job's summary)")
 
@@ -249,10 +249,10 @@ class JobStatus(Strict):
         part = self.parts[device_id]
         if part.state != PartState.queued:
             return part.state.value
-        ahead = [j for j in self.running_there.get(device_id, []) if j != self.job_id]
-        if not ahead:
+        ahead = self.running_there.get(device_id)
+        if ahead is None or ahead == self.job_id:
             return "queued on the device (nothing runs there now: it starts when the device's worker takes it)"
-        return f"queued on the device behind job {', '.join(ahead)} (fine-tuning there now)"
+        return f"queued on the device behind job {ahead} (fine-tuning there now)"
 
     def counts_line(self) -> str:
         """Parts per state, e.g. `10000 parts: 9950 finetuning, 50 failed`, `1 part: 1 queued`."""

@@ -6,7 +6,7 @@
     <p>:fleet:seen                         zset device id -> last heartbeat (Redis time, s)
     <p>:fleet:owner:<id>                   the worker instance serving a device id (expires)
     <p>:fleet:jobs:<id>                    set of jobs with an unfinished part on the device
-    <p>:fleet:running:<id>                 set of jobs whose fine-tune an attempt runs on the device now
+    <p>:fleet:running                      hash device id -> the job whose fine-tune an attempt runs there now
     <p>:fleet:cap:<id>                     hash: the power cap set on the device while it runs
     <p>:workers                            zset worker node -> last heartbeat (Redis time, s)
     <p>:worker:<node>                      WorkerInfo JSON: role, queues, host, pid
@@ -155,8 +155,8 @@ class Keys:
     def device_jobs(self, device_id: str) -> str:
         return f"{self.prefix}:fleet:jobs:{checked_id(device_id, 'device_id')}"
 
-    def device_running(self, device_id: str) -> str:
-        return f"{self.prefix}:fleet:running:{checked_id(device_id, 'device_id')}"
+    def running(self) -> str:
+        return f"{self.prefix}:fleet:running"
 
     def device_cap(self, device_id: str) -> str:
         return f"{self.prefix}:fleet:cap:{checked_id(device_id, 'device_id')}"

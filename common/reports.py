@@ -33,7 +33,7 @@ class DeviceReport(Strict):
     )
     control: ControlAxis | None = Field(None, description="what the device's settings are (clocks, power limits)")
     progress: FinetuneProgress | None = None
-    behind: list[str] = Field(default_factory=list, description="a queued part: the jobs whose fine-tune runs on its device now")
+    behind: str | None = Field(None, description="a queued part: the job whose fine-tune runs on its device now")
 
 
 class JobReport(Strict):
@@ -71,7 +71,7 @@ class JobReport(Strict):
                     over_cap=_over_cap(part.report, part.power_cap_w),
                     control=part.control,
                     progress=status.progress.get(part.device_id),
-                    behind=[j for j in status.running_there.get(part.device_id, []) if j != status.job_id],
+                    behind=status.running_there.get(part.device_id) if part.state == PartState.queued else None,
                 )
             )
         return cls(job_id=status.job_id, state=status.state, spec=status.spec, devices=devices, events=status.events)

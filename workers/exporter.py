@@ -90,10 +90,10 @@ class FleetCollector(Collector):
         workers = s.liveness.workers(self.settings.heartbeat_ttl_s)
         consumed = {q for w in workers for q in w.queues}
         yield from self._roles(workers)
-        job_ids = s.monitoring.job_ids(self.settings.metrics_jobs)
-        tallies = {j: t for j, t in s.jobs.tallies(job_ids).items() if t.counts}  # a job whose keys expired has none
         last_seen = s.monitoring.last_seen()
-        running = s.monitoring.running(list(last_seen))
+        job_ids = s.monitoring.job_ids(self.settings.metrics_jobs, list(last_seen))
+        tallies = {j: t for j, t in s.jobs.tallies(job_ids).items() if t.counts}  # a job whose keys expired has none
+        running = s.monitoring.running()
         yield from self._devices(running, last_seen)
         yield from self._jobs(tallies, running, consumed)
         queues = [CONTROL_QUEUE, SERVER_QUEUE, *(device_queue(d) for d in sorted(last_seen))]

@@ -147,7 +147,7 @@ def format_report(report: JobReport) -> str:
             speedup = d.estimated_speedup_vs_baseline1
             lines.append(_choice("baseline 1", base, base_s, control) + (f"  (estimated speed-up {speedup:.2f}x)" if speedup else ""))
         if d.state == PartState.queued:
-            behind = f" behind job {', '.join(d.behind)} (fine-tuning there now)" if d.behind else ""
+            behind = f" behind job {d.behind} (fine-tuning there now)" if d.behind else ""
             lines.append(f"  queued on the device{behind}")
         if d.achieved:
             lines += _achieved(d, report.spec.target_accuracy)

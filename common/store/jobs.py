@@ -77,16 +77,21 @@ return 'ok'
 
 
 # KEYS: the part; ARGV: the part as it was read (JSON), then the writes (a JSON list of commands,
-# each a list of strings; "LOG key entry n" appends to a log kept to its newest n entries).
-# Runs the writes only while the part is as read: 1 when it ran them, 0 when the part changed
-# (or is gone) since.
+# each a list of strings; "LOG key entry n" appends to a log kept to its newest n entries,
+# "UNSET key field value" deletes a hash's field while it holds that value). Runs the writes
+# only while the part is as read: 1 when it ran them, 0 when the part changed (or is gone) since.
 _COMPARE_AND_WRITE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 for _, command in ipairs(cjson.decode(ARGV[2])) do
-  if command[1] ~= 'LOG' then
+  local name = command[1]
+  if name == 'LOG' then
+    if redis.call('RPUSH', command[2], command[3]) > tonumber(command[4]) then
+      redis.call('LTRIM', command[2], -tonumber(command[4]), -1)
+    end
+  elseif name == 'UNSET' then
+    if redis.call('HGET', command[2], command[3]) == command[4] then redis.call('HDEL', command[2], command[3]) end
+  else
     redis.call(unpack(command))
-  elseif redis.call('RPUSH', command[2], command[3]) > tonumber(command[4]) then
-    redis.call('LTRIM', command[2], -tonumber(command[4]), -1)
   end
 end
 return 1
@@ -323,9 +328,9 @@ class JobStore:
             writes += [["HINCRBYFLOAT", summary, total, repr(value - (getattr(last, total) if last else 0.0))]
                        for total, value in zip(TOTALS, final)]  # fmt: skip
         if before.attempt is None and after.attempt is not None:
-            writes.append(["SADD", k.device_running(device_id), job_id])
-        elif before.attempt is not None and after.attempt is None:
-            writes.append(["SREM", k.device_running(device_id), job_id])
+            writes.append(["HSET", k.running(), device_id, job_id])
+        elif before.attempt is not None and after.attempt is None:  # unless another job's attempt runs there since
+            writes.append(["UNSET", k.running(), device_id, job_id])
         if after.state in TERMINAL:
             writes += [["SREM", k.device_jobs(device_id), job_id], ["ZREM", k.dispatched(), member]]
         elif before.state in TERMINAL:  # planned again
@@ -382,12 +387,11 @@ class JobStore:
                 p.hgetall(self._keys.job_states(job_id))
             return {job_id: Tally.parse(raw) for job_id, raw in zip(job_ids, p.execute())}
 
-    def running_on(self, device_ids: list[str]) -> dict[str, list[str]]:
-        """The jobs whose fine-tune an attempt runs on each of `device_ids` now (one round trip)."""
-        with self._redis.pipeline(transaction=False) as p:
-            for device_id in device_ids:
-                p.smembers(self._keys.device_running(device_id))
-            return {d: sorted(texts(jobs)) for d, jobs in zip(device_ids, p.execute())}
+    def running_on(self, device_ids: list[str]) -> dict[str, str]:
+        """The job whose fine-tune an attempt runs on each of `device_ids` that runs one now
+        (the latest started; one command)."""
+        jobs = self._redis.hmget(self._keys.running(), device_ids) if device_ids else []
+        return {d: text(job) for d, job in zip(device_ids, jobs) if job}  # type: ignore[misc]
 
     def attempt_write(
         self, job_id: str, device_id: str, attempt: str, progress: FinetuneProgress | None = None,

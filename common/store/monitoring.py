@@ -52,15 +52,16 @@ class Monitoring:
         seen: list[tuple[str, float]] = self._redis.zrange(self._keys.fleet_seen(), 0, -1, withscores=True)  # type: ignore[assignment]
         return dict(seen)
 
-    def unfinished_jobs(self) -> set[str]:
-        """Every job with an unfinished part on a device ever registered."""
-        devices = list(self.last_seen())
+    def unfinished_jobs(self, devices: list[str] | None = None) -> set[str]:
+        """Every job with an unfinished part on one of `devices` (default: every device ever registered)."""
+        devices = list(self.last_seen()) if devices is None else devices
         return set(texts(self._redis.sunion([self._keys.device_jobs(d) for d in devices]))) if devices else set()
 
-    def job_ids(self, newest: int) -> list[str]:
-        """The newest `newest` (> 0) jobs, then every older job with an unfinished part, newest first."""
+    def job_ids(self, newest: int, devices: list[str]) -> list[str]:
+        """The newest `newest` (> 0) jobs, then every older job with an unfinished part on one of
+        `devices` (every device ever registered: `last_seen`), newest first."""
         recent = texts(self._redis.zrevrange(self._keys.jobs(), 0, newest - 1))
-        older = sorted(self.unfinished_jobs() - set(recent))
+        older = sorted(self.unfinished_jobs(devices) - set(recent))
         scores = self._redis.zmscore(self._keys.jobs(), older) if older else []
         return recent + [j for _, j in sorted(((s or 0.0, j) for s, j in zip(scores, older)), reverse=True)]
 
@@ -85,25 +86,16 @@ class Monitoring:
             ))  # fmt: skip
         return views
 
-    def running(self, device_ids: list[str]) -> dict[str, Running]:
-        """The fine-tune running on each of `device_ids` that runs one (the most recently
-        started, should a lost attempt not be let go yet): two round trips whatever the jobs' sizes."""
-        with self._redis.pipeline(transaction=False) as p:
-            for device_id in device_ids:
-                p.smembers(self._keys.device_running(device_id))
-            pairs = [(d, j) for d, jobs in zip(device_ids, p.execute()) for j in sorted(texts(jobs))]
-        with self._redis.pipeline(transaction=False) as p:
-            for device_id, job_id in pairs:
-                p.get(self._keys.part(job_id, device_id))
-                p.get(self._keys.progress(job_id, device_id))
-            replies = p.execute() if pairs else []
-        running: dict[str, Running] = {}
-        for (device_id, job_id), raw, progress in zip(pairs, replies[::2], replies[1::2]):
+    def running(self) -> dict[str, Running]:
+        """Device -> the fine-tune an attempt runs there now (the latest started): two round
+        trips, whatever the fleet's and the jobs' sizes."""
+        pairs: dict[str, str] = self._redis.hgetall(self._keys.running())  # type: ignore[assignment]  # decoded replies
+        keys = [key for d, j in pairs.items() for key in (self._keys.part(j, d), self._keys.progress(j, d))]
+        replies = self._redis.mget(keys) if keys else []
+        running = {}
+        for (device_id, job_id), raw, progress in zip(pairs.items(), replies[::2], replies[1::2]):
             part = DevicePart.model_validate_json(raw) if raw else None
-            if part is None or part.attempt is None:
-                continue
-            known = running.get(device_id)
-            if known is None or (known.part.attempt and known.part.attempt.started_at < part.attempt.started_at):
+            if part is not None and part.attempt is not None:
                 running[device_id] = Running(job_id, part, FinetuneProgress.model_validate_json(progress) if progress else None)
         return running
 
