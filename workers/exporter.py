@@ -130,7 +130,7 @@ class FleetCollector(Collector):
 
     def _devices(self, running: dict[str, Running], last_seen: dict[str, float]) -> Iterator[Metric]:
         s = self.store
-        devices = {d.device_id: d for d in s.fleet.devices()}
+        devices = {d.device_id: d for d in s.monitoring.live_devices()}
         up = GaugeMetricFamily("edgetrain_device_up", "1 for a device with a live heartbeat",
                                labels=["device", "device_type", "backend", "simulated"])  # fmt: skip
         for d in devices.values():

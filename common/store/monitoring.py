@@ -4,6 +4,7 @@ lengths, and the master the store ran on last (behind Redis Sentinel)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import redis
@@ -11,6 +12,16 @@ import redis
 from ..jobs import DevicePart, FinetuneProgress, JobRecord, PartState
 from ..keys import Keys
 from .connection import master_address, text, texts
+
+
+@dataclass(frozen=True)
+class DeviceLabels:
+    """What metrics say of a live device."""
+
+    device_id: str
+    device_type: str
+    backend: str
+    simulated: bool
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,14 @@ class Monitoring:
         """Every device ever registered -> its last heartbeat (Redis time, s since the epoch)."""
         seen: list[tuple[str, float]] = self._redis.zrange(self._keys.fleet_seen(), 0, -1, withscores=True)  # type: ignore[assignment]
         return dict(seen)
+
+    def live_devices(self) -> list[DeviceLabels]:
+        """The devices with a live heartbeat, by id, as metrics label them (two round trips;
+        their records read as JSON, not validated: a scrape of a big fleet parses no more)."""
+        ids = sorted(texts(self._redis.smembers(self._keys.fleet_ids())))
+        raws = self._redis.mget([self._keys.device(d) for d in ids]) if ids else []
+        found = [json.loads(raw) for raw in raws if raw]
+        return [DeviceLabels(d["device_id"], d["device_type"], d["backend"], bool(d.get("simulated"))) for d in found]
 
     def unfinished_jobs(self, devices: list[str] | None = None) -> set[str]:
         """Every job with an unfinished part on one of `devices` (default: every device ever registered)."""
