@@ -169,7 +169,7 @@ def test_the_redis_line_runs_with_the_settings_edgetrain_needs_and_its_users_wor
                                                        points_planned=72, started_at=utc_now()))  # fmt: skip
         env = {**os.environ, "EDGETRAIN_REDIS_URL": url, "EDGETRAIN_REDIS_PASSWORD_FILE": str(tmp_path / exported["EDGETRAIN_REDIS_PASSWORD_FILE"])}
         fleet = run_line("edgetrain fleet --json", tmp_path, env)
-        assert fleet.returncode == 0 and json.loads(fleet.stdout) == {"devices": [], "workers": []}, fleet.stderr
+        assert fleet.returncode == 0 and json.loads(fleet.stdout) == {"devices": [], "workers": [], "caps": {}}, fleet.stderr
         submitter = env | {"EDGETRAIN_REDIS_URL": url.replace("worker@", "submitter@"),
                            "EDGETRAIN_REDIS_PASSWORD_FILE": str(tmp_path / "secrets" / "submitter.password")}  # fmt: skip
         status = run_line("edgetrain status j1 --json", tmp_path, submitter)  # a submitter reads the progress too
