@@ -10,11 +10,17 @@ them: what is measured is planning and dispatch, not training).
 - paced: one single-device job per device, submitted at a rate (jobs per second);
 - burst: one job over every device at once (planned in pages by the control worker's pool).
 
+Last, on a Redis of its own, one job over 10 000 devices (`--scrape-devices`) is dispatched and
+`edgetrain exporter`'s collector scrapes it (what Prometheus waits for, in this process).
+
 Latency = when a part's fine-tune was dispatched minus the job's submission time. Every part is
 checked at the end: each dispatched once, each device queue holding one fine-tune per job.
-Runs the three sizes by default, each on its own Redis, and prints how each figure grows.
+What each paced job costs: the control worker's CPU (its main process and pool children) and
+the commands Redis runs (the fleet's heartbeats taken out), divided by the paced jobs. Runs
+the three sizes by default, each on its own Redis, and prints how each figure grows.
 
-    python bench/fleet_load.py [--sizes 500 2000 10000] [--rates 25 100 250] [--control-concurrency 2] [--json OUT]
+    python bench/fleet_load.py [--sizes 500 2000 10000] [--rates 25 100 250] [--control-concurrency 2]
+                               [--scrape-devices 10000] [--json OUT]
 """
 
 from __future__ import annotations
@@ -23,10 +29,13 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+import psutil
 
 from edgetrain.common.devices.twin_spec import builtin_twins
 from edgetrain.common.jobs import JobStatus, PartState
@@ -103,16 +112,21 @@ def dispatch_latencies_s(status: JobStatus) -> list[float]:
     return [(p.dispatch.at - status.created_at).total_seconds() for p in status.parts.values() if p.dispatch]
 
 
-def wait_dispatched(store: Store, job_ids: list[str], expected: int, timeout_s: float = 900) -> None:
-    """Until `expected` parts of the jobs are fine-tuning (their fine-tune dispatched)."""
-    deadline = time.monotonic() + timeout_s
+def wait_dispatched(store: Store, job_ids: list[str], expected: int, timeout_s: float = 900, stalled_s: float = 10.0) -> None:
+    """Until `expected` fine-tunes in all are dispatched (one command a poll: the ledger of
+    dispatched fine-tunes, so that polling adds next to nothing to what is measured); when none
+    was dispatched for `stalled_s`, the jobs' failed parts are looked for."""
+    deadline, count, moved = time.monotonic() + timeout_s, -1, time.monotonic()
     while time.monotonic() < deadline:
-        counts = [store.jobs.states(j) for j in job_ids]
-        if sum(c.get(PartState.failed, 0) for c in counts):
-            failed = next(p.reason for j in job_ids for p in store.jobs.status(j).parts.values() if p.reason)
-            raise RuntimeError(f"parts failed, e.g. {failed}")
-        if sum(c.get(PartState.finetuning, 0) for c in counts) >= expected:
+        if (now := store._redis.zcard(store.keys.dispatched())) >= expected:
             return
+        if now != count:
+            count, moved = now, time.monotonic()
+        elif time.monotonic() - moved > stalled_s and (
+            failed := [j for j, tally in store.jobs.tallies(job_ids).items() if tally.counts.get(PartState.failed)]
+        ):
+            reason = next(p.reason for p in store.jobs.status(failed[0]).parts.values() if p.reason)
+            raise RuntimeError(f"parts failed, e.g. {reason}")
         time.sleep(0.05)
     raise TimeoutError(f"not every fine-tune was dispatched within {timeout_s} s")
 
@@ -121,7 +135,7 @@ def check_every_part(store: Store, statuses: list[JobStatus], infos: list[Device
     """Every part dispatched once, and every device's queue holds `per_device` fine-tunes: none
     lost, none sent twice."""
     parts = [p for s in statuses for p in s.parts.values()]
-    assert all(p.state == PartState.finetuning and p.dispatch for p in parts), "a part was not dispatched"
+    assert all(p.state == PartState.queued and p.dispatch for p in parts), "a part was not dispatched"
     with store._redis.pipeline(transaction=False) as p:
         for info in infos:
             p.llen(device_queue(info.device_id))
@@ -149,6 +163,13 @@ def used_memory(store: Store) -> int:
     return int(store._redis.info("memory")["used_memory"])
 
 
+def cpu_s(process: subprocess.Popen | None) -> float:
+    """CPU time (user + system, s) a process and its children have used so far."""
+    assert process is not None
+    parent = psutil.Process(process.pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [parent, *parent.children(recursive=True)])
+
+
 def redis_work(store: Store) -> tuple[int, float]:
     """Commands Redis has run and the CPU time it has used (s), since it started."""
     stats, cpu = store._redis.info("commandstats"), store._redis.info("cpu")
@@ -168,18 +189,13 @@ def run(devices: int, rate: float, control_concurrency: int) -> dict:
         heartbeats.beat()
         heartbeats.start()
         fleet_bytes = used_memory(store) - empty
-        rng = random.Random(0)
-        for info in {i.device_type: i for i in infos}.values():
-            store.resources.put_table(synthetic_table(info, rng))
-        request = JobSpec.model_validate(job_spec([infos[0]])).estimation_request()
-        ratios = [0.3, 0.4, 0.5, 0.7, 0.85, 1.0]
-        store.resources.put_vector(RelationVector(batch_sizes=PAPER_BATCH_SIZES, ratios=ratios, key=vector_key(request)))
-        assert all(store.resources.table(table_id(t, "smallcnn", SHAPE)) for t in {i.device_type for i in infos})
+        put_resources(store, infos)
 
         idle_before, idle_started = redis_work(store), time.perf_counter()
         time.sleep(HEARTBEAT_S + 0.5)  # a whole heartbeat period: what the fleet alone costs Redis
         idle_after, idle_s = redis_work(store), time.perf_counter() - idle_started
-        before_jobs, work_before = used_memory(store), redis_work(store)
+        control = cluster.worker("control").process
+        before_jobs, work_before, control_before = used_memory(store), redis_work(store), cpu_s(control)
         started = time.perf_counter()
         paced = []
         for k, info in enumerate(infos):
@@ -187,14 +203,14 @@ def run(devices: int, rate: float, control_concurrency: int) -> dict:
             paced.append(client.submit(job_spec([info])))
         wait_dispatched(store, paced, len(infos))
         paced_s = time.perf_counter() - started
-        work_after = redis_work(store)
+        work_after, control_after = redis_work(store), cpu_s(control)
         statuses = [store.jobs.status(j) for j in paced]
         paced_latency = [x for s in statuses for x in dispatch_latencies_s(s)]
         per_job_bytes = (used_memory(store) - before_jobs) / len(paced)
 
         started = time.perf_counter()
         burst = client.submit(job_spec(infos))
-        wait_dispatched(store, [burst], len(infos))
+        wait_dispatched(store, [burst], 2 * len(infos))  # the paced jobs' fine-tunes and the burst's
         burst_s = time.perf_counter() - started
         burst_status = store.jobs.status(burst)
         burst_latency = dispatch_latencies_s(burst_status)
@@ -214,7 +230,53 @@ def run(devices: int, rate: float, control_concurrency: int) -> dict:
         "redis_bytes_per_device": fleet_bytes / devices, "redis_bytes_per_job": per_job_bytes,
         "redis_cpu_idle": (idle_after[1] - idle_before[1]) / idle_s, "redis_cpu_paced": (work_after[1] - work_before[1]) / paced_s,
         "redis_commands_per_job": ((work_after[0] - work_before[0]) - (idle_after[0] - idle_before[0]) / idle_s * paced_s) / devices,
+        "control_cpu_ms_per_job": (control_after - control_before) / devices * 1e3,
     }  # fmt: skip
+
+
+def scrape_run(devices: int, repeat: int = 10) -> dict:
+    """One job over `devices` registered devices, every fine-tune dispatched (the parts moved
+    there through the store, as the control worker would; no worker runs): (median, p99) of a
+    scrape of the exporter's collector (ms)."""
+    from prometheus_client import generate_latest
+
+    from edgetrain.common.control_axis import ControlAxis
+    from edgetrain.common.part_events import Dispatched, Identified
+    from edgetrain.common.payloads import finetune_request
+    from edgetrain.common.schemas import Selection
+    from edgetrain.workers.cluster import EmbeddedRedis
+    from edgetrain.workers.exporter import registry
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = EmbeddedRedis(Path(tmp))
+        try:
+            store, infos = Store.connect(server.url), fleet_infos(devices)
+            for info in infos:
+                store.fleet.register(info, 3600, f"bench:{info.device_id}")
+            spec = JobSpec.model_validate(job_spec(infos))
+            store.jobs.create("scraped", spec)
+            identity = Identified(device_type=infos[0].device_type, simulated=True, control=ControlAxis.GPU_CLOCK_HZ)
+            choice = Selection(batch_size=32, frequency_hz=infos[0].frequencies_hz[-1], estimated_time_s=1.0, peak_power_w=None)
+            for target in spec.devices:
+                request = finetune_request("scraped", spec, target, choice, "table", "vector")
+                store.jobs.apply("scraped", target.device_id, Dispatched(device=identity, token=target.device_id, request=request,
+                                                                         selection=choice, estimated_time_to_accuracy_s=1.0))  # fmt: skip
+            collector = registry(store, Settings(redis_url=server.url, redis_url_file=None))
+            median, p99 = timed_ms(lambda: generate_latest(collector), repeat=repeat)
+        finally:
+            server.stop()
+    return {"devices": devices, "scrape_ms": {"median": median, "p99": p99}}
+
+
+def put_resources(store: Store, infos: list[DeviceInfo]) -> None:
+    """A table for each device type and the job's relation vector, as profiling and the proxy would store them."""
+    rng = random.Random(0)
+    for info in {i.device_type: i for i in infos}.values():
+        store.resources.put_table(synthetic_table(info, rng))
+    request = JobSpec.model_validate(job_spec([infos[0]])).estimation_request()
+    ratios = [0.3, 0.4, 0.5, 0.7, 0.85, 1.0]
+    store.resources.put_vector(RelationVector(batch_sizes=PAPER_BATCH_SIZES, ratios=ratios, key=vector_key(request)))
+    assert all(store.resources.table(table_id(t, "smallcnn", SHAPE)) for t in {i.device_type for i in infos})
 
 
 def main() -> None:
@@ -222,6 +284,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[500, 2000, 10000], help="fleet sizes (devices)")
     parser.add_argument("--rates", type=float, nargs="+", default=[25.0, 100.0, 250.0], help="paced jobs/s, one per size")
     parser.add_argument("--control-concurrency", type=int, default=2)
+    parser.add_argument("--scrape-devices", type=int, default=10000, help="devices of the one job the exporter scrapes")
     parser.add_argument("--json")
     args = parser.parse_args()
     if len(args.rates) != len(args.sizes):
@@ -241,9 +304,12 @@ def main() -> None:
               f"| {r['fleet_ms']['median']:.1f} ms | {r['redis_bytes_per_device']:.0f} B, {r['redis_bytes_per_job']:.0f} B |",
               flush=True)  # fmt: skip
     for r in results:
-        print(f"{r['devices']} devices: Redis ran {r['redis_commands_per_job']:.0f} commands per paced job (the fleet's heartbeats "
-              f"taken out); Redis's CPU {100 * r['redis_cpu_idle']:.0f} % of a core with heartbeats alone, "
-              f"{100 * r['redis_cpu_paced']:.0f} % while paced")
+        print(f"{r['devices']} devices: each paced job cost the control worker {r['control_cpu_ms_per_job']:.2f} ms of CPU and Redis "
+              f"{r['redis_commands_per_job']:.0f} commands (the fleet's heartbeats taken out); Redis's CPU "
+              f"{100 * r['redis_cpu_idle']:.0f} % of a core with heartbeats alone, {100 * r['redis_cpu_paced']:.0f} % while paced")
+    scraped = scrape_run(args.scrape_devices)
+    print(f"one job over {scraped['devices']} devices, every fine-tune dispatched: a scrape of the exporter takes "
+          f"{scraped['scrape_ms']['median']:.0f} ms (median), {scraped['scrape_ms']['p99']:.0f} ms (p99)")
     for small, big in zip(results, results[1:]):
         ideal = big["devices"] / small["devices"]
         grew = big["burst_all_dispatched_s"] / small["burst_all_dispatched_s"]
@@ -251,7 +317,7 @@ def main() -> None:
         print(f"{small['devices']} -> {big['devices']} devices (x{ideal:g}, linear): dispatch time x{grew:.1f}, "
               f"status median x{status:.1f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(json.dumps({"sizes": results, "scrape": scraped}, indent=2))
 
 
 if __name__ == "__main__":

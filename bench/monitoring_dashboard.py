@@ -52,7 +52,7 @@ def draw(prometheus: Prometheus, start: float, end: float, png: Path) -> None:
                 name = legend(target["legendFormat"], series["metric"])
                 t = [float(x) - start for x, _ in series["values"]]
                 v = [float(y) for _, y in series["values"]]
-                if panel["type"] == "bargauge":
+                if panel["type"] in ("bargauge", "table"):  # the value now, one bar per series
                     bars.append((name, v[-1]))
                 else:
                     ax.plot(t, v, label=name, linestyle="--" if " cap" in name else "-")

@@ -82,6 +82,9 @@ class CapFollower:
 class PowerGuard:
     """Watches each measured region's peak power (W) against the cap in force.
 
+    A reading over the cap steps the frequency down; one over it by more than the sensor's
+    `resolution_w` counts as over the cap in the report (`over_cap_s`, the highest such reading
+    and the cap it was over): a reading within a step of the sensor of the cap may be at it.
     `observe` returns the frequency level (index into the table's frequencies) to run next:
     on a reading over the cap, the highest lower level whose table peak, scaled as that
     reading is to the table, meets the cap (else the lowest); one above (never past `ceiling`, the selected level)
@@ -92,6 +95,7 @@ class PowerGuard:
     recover_s: float = 5.0
     margin: float = 0.02
     window: int = 20
+    resolution_w: float = 0.0
     report: PowerGuardReport = field(default_factory=PowerGuardReport)
     _ratios: deque[float] = field(default_factory=deque)
     _calm_s: float = 0.0
@@ -112,8 +116,10 @@ class PowerGuard:
             self._calm_s = 0.0
             return level
         if m.peak_power_w > cap_w:
-            r.over_cap_s += m.elapsed_s
-            r.peak_over_cap_w = max(r.peak_over_cap_w, m.peak_power_w)
+            if m.peak_power_w > cap_w + self.resolution_w:
+                r.over_cap_s += m.elapsed_s
+                if m.peak_power_w > r.peak_over_cap_w:
+                    r.peak_over_cap_w, r.over_cap_w = m.peak_power_w, cap_w
             self._calm_s = 0.0
             if level > 0:
                 r.step_downs += 1
@@ -153,13 +159,14 @@ class AdaptiveControl:
         trace: list[tuple[float, float | None, float, int, int]] | None = None,
     ):  # fmt: skip
         self.device, self.trainer, self.policy, self.table, self.strategy = device, trainer, policy, table, strategy
-        self.caps, self.cap_w, self.guard = caps, cap_w, guard or PowerGuard()
+        self.caps, self.cap_w, self.guard = caps, cap_w, guard or PowerGuard(resolution_w=device.power_resolution_w)
         self.on_switch, self.while_paused, self.trace = on_switch, while_paused, trace
         self.level = self.ceiling = table.frequencies_hz.index(frequency_hz)
         self.paused: str | None = None
         self.paused_s = 0.0
         self.drift_seen = 1.0  # the largest drift that ruled a whole batch size out under the cap
         self.switches: list[ConfigSwitch] = []
+        self.selection: Selection | None = None  # the last selection it applied (its note: why), None: the starting one
 
     @property
     def frequency_hz(self) -> int:
@@ -247,6 +254,7 @@ class AdaptiveControl:
         self.level = self.ceiling = self.table.frequencies_hz.index(choice.frequency_hz)
         self.device.set_frequency(choice.frequency_hz)
         note = why or (f"table peaks derated by the measured drift x{drift:.2f}" if drift > 1 else choice.note)
+        self.selection = choice.model_copy(update={"note": note})
         self._switch(run, cause, before, (choice.batch_size, choice.frequency_hz), note)
 
     def _table_for(self, cap_w: float | None) -> ProfileTable:

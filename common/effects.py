@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from .control_axis import ControlAxis
 from .federated.records import AggregateRequest, TrainRequest
 from .jobs import EventKind
 from .payloads import FinetuneRequest, ProfileRequest
@@ -34,17 +35,21 @@ class ClaimAndEstimate:
 
 @dataclass(frozen=True)
 class SendFineTune:
-    """Send the fine-tune of a part as task `token` to its device (the part records the token)."""
+    """Send the fine-tune of a part as task `token` to its device (the part records the token);
+    its label gives the setting in the unit of the device's `control` axis."""
 
     token: str
     request: FinetuneRequest
+    control: ControlAxis | None = None
 
 
 @dataclass(frozen=True)
 class SendTrain:
-    """Send a device its local training of a federated round."""
+    """Send a device its local training of a federated round (`setting`: its frequency in the
+    unit of the device's control axis, for the task's label)."""
 
     request: TrainRequest
+    setting: str | None = None
 
 
 @dataclass(frozen=True)

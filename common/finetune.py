@@ -32,7 +32,7 @@ from .checkpoints import checkpoint_name, load_checkpoint, remove_checkpoints, s
 from .closed_loop import ClosedLoop, RecordIdentity
 from .datasets.loading import load_dataset
 from .devices.base import Device, Measurement
-from .jobs import CheckpointRef, EventKind, FinetuneProgress
+from .jobs import CheckpointRef, EventKind, FinetuneProgress, Started
 from .learned import DataIdentity, FinetuneRecord, learned_vector
 from .models import get_model
 from .payloads import FinetuneRequest
@@ -44,8 +44,9 @@ from .schemas import (
     ProfileTable,
     RelationVector,
     RunReport,
+    VectorProvenance,
 )
-from .selection import strategy_for
+from .selection import Baseline1, SelectionError, estimated_time_to_accuracy_s, strategy_for
 from .store.jobs import Written
 from .training import DeviceTotals, Trainer, make_optimizer, set_batch_size, train_to_accuracy
 from .workload import measure_workload
@@ -63,6 +64,9 @@ class AttemptWriter(Protocol):
 
     def notice(self, notice: str | None) -> Written:
         """Set (None: clear) the part's notice for status, e.g. why training is paused."""
+
+    def started(self, started: Started) -> Written:
+        """Record that the run trains from its first step at another (b, f) than the dispatched one."""
 
 
 class Stop(Exception):
@@ -125,10 +129,12 @@ class FineTune:
         self.totals = DeviceTotals()
         self.control: AdaptiveControl | None = None
         self.loop: ClosedLoop | None = None
+        self.vector: RelationVector | None = None  # the vector it selects with from its start (the proxy's, or learned)
         self.record: FinetuneRecord | None = None  # what the run measured, once it reached its end
         self._file = checkpoint_name(request.job_id, request.device_id, options.attempt)
         self._checked = self._checkpointed = time.monotonic()
         self._checkpoint_failed = False
+        self._starting = False  # selecting before the first step
         self._runs: dict[tuple[int, int], ConfigurationRun] = {}
         self._reported = (0, 0.0, 0.0)  # samples, device time (s) and energy (J) at the last progress report
 
@@ -157,8 +163,11 @@ class FineTune:
         restored whatever happens. Raises a `Stop` when the run must stop before."""
         assert self.trainer is not None, "setup() first"
         r, started = self.request, time.perf_counter()
+        self._starting = True
         self.control = self._select()
         self.loop = self._closed_loop()
+        self._starting = False
+        self._say_started()
         self.device.set_frequency(self._frequency())
         try:
             outcome, totals = train_to_accuracy(
@@ -175,11 +184,42 @@ class FineTune:
             batch_size=self.trainer.batch_size, frequency_hz=self._frequency(), configurations=list(self._runs.values()),
             reached=outcome.reached, final_accuracy=outcome.final_accuracy, samples_to_accuracy=outcome.samples_to_accuracy,
             samples_processed=outcome.samples_processed, steps=totals.steps, device_time_s=totals.elapsed_s,
-            energy_j=totals.energy_j, peak_power_w=totals.peak_power_w, wall_s=time.perf_counter() - started,
+            energy_j=totals.energy_j, peak_power_w=totals.peak_power_w, power_resolution_w=self.device.power_resolution_w,
+            wall_s=time.perf_counter() - started,
             switches=control.switches if control else [], paused_s=control.paused_s if control else 0.0,
             guard=control.guard.report if control else PowerGuardReport(peak_power_w=totals.peak_power_w),
-            learned=self.loop.provenance() if self.loop else None, exploration=self.loop.exploration if self.loop else None,
+            learned=self._learned(), exploration=self.loop.exploration if self.loop else None,
         )  # fmt: skip
+
+    def _learned(self) -> VectorProvenance | None:
+        """What the belief that chose the batch size the run ended at rests on, when records of
+        this data made it: the belief of its last switch for evidence, else the one it started with."""
+        if self.loop is not None and self.loop.decisions:
+            return self.loop.provenance()
+        provenance = self.vector.provenance if self.vector is not None else None
+        return provenance if provenance is not None and provenance.source != "proxy" else None
+
+    def _say_started(self) -> None:
+        """When the run trains from its first step at another (b, f) than the dispatched one
+        (the closed loop's evidence, the guard against Baseline 1), record it with the estimates
+        under the vector that chose it, for the report's headline."""
+        r, c, table, vector = self.request, self.control, self.options.table, self.vector
+        if c is None or c.paused or c.selection is None or table is None or vector is None:
+            return
+        choice = c.selection
+        if (choice.batch_size, choice.frequency_hz) == (r.batch_size, r.frequency_hz):
+            return
+        envelope = dict(zip(self.device.frequencies_hz, self.device.power_envelope_w or []))
+        try:  # the device's full-load power at the table's frequencies, where it knows it
+            base = Baseline1(vector, [envelope[f] for f in table.frequencies_hz] if envelope else None).choose(table, c.cap_w)
+        except (SelectionError, KeyError):
+            base = None
+        words = vector.provenance.summary if vector.provenance and vector.provenance.source != "proxy" else "the proxy's r_b"
+        self._answer(self.writer.started(Started(
+            selection=choice, estimated_time_to_accuracy_s=estimated_time_to_accuracy_s(table, vector, choice),
+            baseline1=base, baseline1_estimated_time_to_accuracy_s=estimated_time_to_accuracy_s(table, vector, base) if base else None,
+            vector=words,
+        )))  # fmt: skip
 
     def _closed_loop(self) -> ClosedLoop | None:
         """The closed loop around the cap control (common/closed_loop.py): a job that selects for
@@ -199,6 +239,10 @@ class FineTune:
                           power_envelope_w=self.device.power_envelope_w, publish=o.publish)  # fmt: skip
         if closed:
             loop.start(self.totals, explore=not self.totals.history)  # a resumed run keeps to what it explored
+            if (provenance := loop.provenance()) is not None and loop.belief is not None:
+                self.vector = loop.belief.vector_like(prior.batch_sizes).model_copy(update={"provenance": provenance})
+            elif similar is not None:
+                self.vector = prior
         return loop
 
     def _select(self) -> AdaptiveControl | None:
@@ -209,6 +253,7 @@ class FineTune:
             self._write(event=(EventKind.reconfigured, "the lookup table or relation vector is gone: cap changes are not followed"))
             return None
         assert self.trainer is not None
+        self.vector = o.vector
         return AdaptiveControl(
             self.device, self.trainer, r.lr, o.table, strategy_for(r.objective, o.vector, r.target.configuration),
             CapFollower(r.target, o.device_cap), r.target.cap_at(0.0), r.frequency_hz,
@@ -239,7 +284,8 @@ class FineTune:
             self._checkpoint(run)
 
     def _switched(self, switch: ConfigSwitch, run: DeviceTotals) -> None:
-        self._write(event=(EventKind.reconfigured, switch.line().strip()))
+        if not (self._starting and switch.cause == "evidence"):  # the selection at its start: `_say_started` records it
+            self._write(event=(EventKind.reconfigured, switch.line().strip()))
         if switch.cause in ("pause", "resume"):
             self._answer(self.writer.notice(f"paused: {switch.note}" if switch.cause == "pause" else None))
         if run.history and self.trainer is not None:

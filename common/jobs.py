@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime
 from enum import Enum
@@ -16,11 +15,14 @@ from .schemas import JobSpec, RunReport, Selection, Strict, utc_now
 
 
 class PartState(str, Enum):
-    """Where one device's share of a job is (see common/planner.py for the transitions)."""
+    """Where one device's share of a job is (common/part_events.py has the transitions):
+    `queued` once its fine-tune is dispatched, while it waits on the device's queue (behind
+    what runs there) and no attempt runs it; `finetuning` while an attempt runs it."""
 
     pending = "pending"
     profiling = "profiling"
     estimating = "estimating"
+    queued = "queued"
     finetuning = "finetuning"
     completed = "completed"
     failed = "failed"
@@ -28,6 +30,7 @@ class PartState(str, Enum):
 
 
 TERMINAL = frozenset({PartState.completed, PartState.failed, PartState.cancelled})
+DISPATCHED = frozenset({PartState.queued, PartState.finetuning})  # its fine-tune is on the device's queue or runs
 
 
 class Refused(ValueError):
@@ -52,6 +55,19 @@ class Attempt(Strict):
     started_at: datetime = Field(default_factory=utc_now)
 
 
+class Started(Strict):
+    """The configuration a fine-tune trains at from its first step where the device chose
+    otherwise than the plan (what earlier fine-tunes measured on its data, the guard against
+    Baseline 1): `selection` (its note says why), Baseline 1 and their estimates, all under the
+    vector it chose with (`vector`, in words)."""
+
+    selection: Selection
+    estimated_time_to_accuracy_s: float | None
+    baseline1: Selection | None = None
+    baseline1_estimated_time_to_accuracy_s: float | None = None
+    vector: str = Field(description="where the r_b it chose with come from, in words")
+
+
 class DevicePart(Strict):
     """The state of one device's share of a job (changed only by common/part_events.py)."""
 
@@ -62,7 +78,8 @@ class DevicePart(Strict):
     device_type: str | None = None
     simulated: bool | None = None
     control: ControlAxis | None = Field(None, description="what the device's settings are (clocks, power limits)")
-    selection: Selection | None = None
+    selection: Selection | None = Field(None, description="the plan: the control worker's selection, dispatched")
+    started: Started | None = Field(None, description="what its fine-tune trains at instead, chosen on the device")
     baseline1: Selection | None = None
     estimated_time_to_accuracy_s: float | None = None
     baseline1_estimated_time_to_accuracy_s: float | None = None
@@ -80,10 +97,11 @@ class DevicePart(Strict):
 
 
 class JobState(str, Enum):
-    """A job's state, derived from its parts by `job_state`."""
+    """A job's state, derived from how many of its parts are in each state by `state_of_counts`."""
 
     queued = "queued"  # every part pending
     running = "running"
+    cancelling = "cancelling"  # cancelled while parts are left to stop
     completed = "completed"  # every device part completed
     partial = "partial"  # some parts completed, some failed
     failed = "failed"  # every part failed
@@ -107,6 +125,7 @@ class EventKind(str, Enum):
     profiling = "profiling"  # profiling dispatched to a device
     estimating = "estimating"  # relation-vector estimation dispatched to the server pool
     selected = "selected"  # (b, f) selected, fine-tuning dispatched
+    started = "started"  # a fine-tune trains at another (b, f) than the plan, chosen on the device
     attempt_lost = "attempt_lost"  # the process running a task stopped; the task was handed on
     resumed = "resumed"  # a fine-tune continued from its checkpoint
     checkpoint_failed = "checkpoint_failed"  # a fine-tune could not save a checkpoint and went on without
@@ -185,6 +204,8 @@ class JobSummary(Strict):
     devices: int
     created_at: datetime
     not_reached: int = Field(0, description="devices whose fine-tune ended without reaching the target accuracy")
+    failed: int = Field(0, description="parts that failed")
+    failure: str | None = Field(None, description="one failed part and why: \"device: reason\"")
 
 
 class JobStatus(Strict):
@@ -201,12 +222,15 @@ class JobStatus(Strict):
     notes: list[str] = Field(default_factory=list, description="what the job waits for that nothing will do")
     preparation: Preparation = Field(default_factory=Preparation, description="tables and vector being made for it")
     counts: dict[PartState, int] = Field(description="the job's parts in each state, all of them")
+    running_there: dict[str, str] = Field(
+        default_factory=dict, description="for each queued part shown whose device runs a fine-tune now: that fine-tune's job"
+    )
     shown: str | None = Field(None, description="which parts `parts` holds when not all of them (a big job's summary)")
 
     def digest(self) -> str:
-        """What changes as the job goes on: part states and waits, progress, notes, events,
-        the tables and vector being made."""
-        parts = ";".join(f"{d}={p.state.value}:{p.waiting}" for d, p in self.parts.items())
+        """What changes as the job goes on: part states and waits (and what a queued part waits
+        behind), progress, notes, events, the tables and vector being made."""
+        parts = ";".join(f"{d}={p.state.value}:{p.waiting}:{self.running_there.get(d)}" for d, p in self.parts.items())
         progress = ";".join(f"{d}={p.samples}" for d, p in self.progress.items())
         made = self.preparation.model_dump_json()
         counts = ";".join(f"{s.value}={n}" for s, n in self.counts.items())
@@ -218,7 +242,9 @@ class JobStatus(Strict):
         def part(device_id: str, p: DevicePart) -> str:
             done = self.progress.get(device_id)
             more = f" (samples {done.samples}, accuracy {done.accuracy:.3f})" if done and p.state == PartState.finetuning else ""
-            return f"{device_id} {p.state.value}{more}"
+            if p.cancel_requested_at is not None:
+                more += ", stops at its next step"
+            return f"{device_id} {self.describe(device_id)}{more}"
 
         return f"job {self.job_id} {self.state.value}: " + ", ".join(part(d, p) for d, p in self.parts.items())
 
@@ -227,21 +253,30 @@ class JobStatus(Strict):
         """Every part is completed, failed or cancelled (shown or not)."""
         return all(n == 0 or s in TERMINAL for s, n in self.counts.items())
 
+    def describe(self, device_id: str) -> str:
+        """A part's state in words; a queued one says what it waits behind on its device."""
+        part = self.parts[device_id]
+        if part.state != PartState.queued:
+            return part.state.value
+        ahead = self.running_there.get(device_id)
+        if ahead is None or ahead == self.job_id:
+            return "queued on the device (nothing runs there now: it starts when the device's worker takes it)"
+        return f"queued on the device behind job {ahead} (fine-tuning there now)"
+
     def counts_line(self) -> str:
-        """Parts per state, e.g. `10000 parts: 9950 finetuning, 50 failed`."""
+        """Parts per state, e.g. `10000 parts: 9950 finetuning, 50 failed`, `1 part: 1 queued`."""
         total = sum(self.counts.values())
-        return f"{total} parts: " + ", ".join(f"{self.counts[s]} {s.value}" for s in PartState if self.counts.get(s))
+        noun = "part" if total == 1 else "parts"
+        return f"{total} {noun}: " + ", ".join(f"{self.counts[s]} {s.value}" for s in PartState if self.counts.get(s))
 
 
-def job_state(parts: list[DevicePart]) -> JobState:
-    """Derive a job's state from its device parts."""
-    return state_of_counts(Counter(p.state for p in parts))
-
-
-def state_of_counts(counts: Mapping[PartState, int]) -> JobState:
-    """A job's state from how many of its parts are in each state."""
+def state_of_counts(counts: Mapping[PartState, int], cancelled: bool = False) -> JobState:
+    """A job's state from how many of its parts are in each state (`cancelled`: cancelling it
+    was asked for)."""
     states = {state for state, n in counts.items() if n > 0}
     if not states <= TERMINAL:
+        if cancelled:
+            return JobState.cancelling
         return JobState.running if states != {PartState.pending} else JobState.queued
     if PartState.cancelled in states:
         return JobState.cancelled

@@ -6,6 +6,7 @@
     <p>:fleet:seen                         zset device id -> last heartbeat (Redis time, s)
     <p>:fleet:owner:<id>                   the worker instance serving a device id (expires)
     <p>:fleet:jobs:<id>                    set of jobs with an unfinished part on the device
+    <p>:fleet:running                      hash device id -> the job whose fine-tune an attempt runs there now
     <p>:fleet:cap:<id>                     hash: the power cap set on the device while it runs
     <p>:workers                            zset worker node -> last heartbeat (Redis time, s)
     <p>:worker:<node>                      WorkerInfo JSON: role, queues, host, pid
@@ -39,7 +40,10 @@
     <p>:job:<id>:part:<device>             DevicePart JSON
     <p>:job:<id>:progress:<device>         FinetuneProgress JSON
     <p>:job:<id>:events                    list of JobEvent JSON (the newest MAX_EVENTS_KEPT)
-    <p>:job:<id>:states                    hash part state -> how many parts are in it
+    <p>:job:<id>:states                    hash: the job's summary: part state -> how many parts are in
+                                           it, parts that ended short of the target, and the totals of
+                                           its parts' progress (samples, device s, J)
+    <p>:job:<id>:in:<state>                set of the job's devices whose part is in that state
     <p>:sent                               zset task id of a profile, estimation or proxy run sent and
                                            not yet run -> when it was last seen held (s)
     <p>:sent:<task id>                     SentTask JSON: the task as it can be sent again
@@ -55,7 +59,6 @@
     <p>:fedrun:<id>:round:<r>              hash device -> LocalUpdate JSON: the updates of round r
     <p>:fedrun:<id>:events                 list of JobEvent JSON (the newest MAX_EVENTS_KEPT)
     <p>:fedrun:<id>:lock                   the lock held while the job advances
-    <p>:lock:job:<id>:<page>               the lock held while a page of a job advances
     <p>:set-aside:<key>:<UTC time>         a record that no longer loaded, moved from <p>:<key> as it was
     <p>:set-asides                         hash set-aside key -> SetAside JSON: where it was, why, when
     <p>:counter:<name>                     hash label -> count: events the metrics count (tasks handed on, retries)
@@ -160,6 +163,9 @@ class Keys:
 
     def device_jobs(self, device_id: str) -> str:
         return f"{self.prefix}:fleet:jobs:{checked_id(device_id, 'device_id')}"
+
+    def running(self) -> str:
+        return f"{self.prefix}:fleet:running"
 
     def device_cap(self, device_id: str) -> str:
         return f"{self.prefix}:fleet:cap:{checked_id(device_id, 'device_id')}"
@@ -301,9 +307,6 @@ class Keys:
 
     def dispatched(self) -> str:
         return f"{self.prefix}:dispatched"
-
-    def job_lock(self, job_id: str, page: int) -> str:
-        return f"{self.prefix}:lock:job:{checked_id(job_id, 'job_id')}:{page}"
 
     def set_aside(self, key: str, at: datetime) -> str:
         """Where the record under `key` (a key of this prefix) is kept once set aside at `at` (UTC)."""

@@ -9,22 +9,24 @@ event does not apply: a state it cannot move from, a stale attempt, a forged dis
 
     pending | profiling | estimating
         --Prepared-->          profiling | estimating      the table or vector is missing
-        --Dispatched-->        finetuning                  (b, f) selected, fine-tune sent
+        --Dispatched-->        queued                      (b, f) selected, fine-tune sent to the device's queue
+    queued
+        --AttemptStarted-->    finetuning, attempt set     the dispatched request, taken up by the device
+        --Redispatched-->      queued                      no task was found for it: sent again
     finetuning
-        --AttemptStarted-->    finetuning, attempt set     the dispatched request, and no live attempt
+        --AttemptSelected-->   finetuning                  it trains at another (b, f) than the plan, and why
         --AttemptNoticed-->    finetuning                  the attempt's notice (a pause) for status
-        --AttemptLost-->       finetuning, attempt cleared its process stopped; the task is handed on
-        --AttemptStopped-->    finetuning, attempt cleared its worker stopped it; the task is re-queued
+        --AttemptLost-->       queued, attempt cleared     its process stopped; the task is handed on
+        --AttemptStopped-->    queued, attempt cleared     its worker stopped it; the task is re-queued
         --AttemptFinished-->   completed                   a report consistent with the dispatch
         --AttemptFailed-->     failed
         --AttemptCancelled-->  cancelled                   it stopped: a cancel or an operator's revoke
         --CancelRequested-->   finetuning                  the live attempt stops at its next step
-        --Redispatched-->      finetuning                  no task was found for it: sent again
     any state but a final one
         --Waiting-->           same state, notice for status
         --Failed-->            failed
         --Cancelled-->         cancelled                   no live attempt runs it
-    failed | cancelled | finetuning without a live attempt
+    failed | cancelled | queued
         --Requeued-->          pending                     planned again (a checkpoint is kept)
 
 An attempt event names its attempt's token, and a part accepts it only from the attempt it
@@ -40,7 +42,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from .control_axis import ControlAxis
-from .jobs import TERMINAL, Attempt, DevicePart, Dispatch, EventField, EventKind, PartState, Refused
+from .jobs import TERMINAL, Attempt, DevicePart, Dispatch, EventField, EventKind, PartState, Refused, Started
 from .payloads import FinetuneRequest
 from .reports import completed_message
 from .schemas import RunReport, Selection, Strict
@@ -149,6 +151,15 @@ class AttemptStarted(_Event):
     resumed_at_samples: int | None = None
 
 
+class AttemptSelected(_Event):
+    """The running attempt trains from its first step at another configuration than the
+    dispatched one (`started` says which and why)."""
+
+    kind: Literal["attempt_selected"] = "attempt_selected"
+    attempt: str
+    started: Started
+
+
 class AttemptNoticed(_Event):
     """The running attempt's notice for status (e.g. paused: no configuration meets the cap)."""
 
@@ -201,7 +212,7 @@ class AttemptCancelled(_Event):
 
 PartEvent = Annotated[
     Waiting | Prepared | Dispatched | Failed | Cancelled | CancelRequested | Requeued | Redispatched | AttemptStarted
-    | AttemptNoticed | AttemptLost | AttemptStopped | AttemptFinished | AttemptFailed | AttemptCancelled,
+    | AttemptSelected | AttemptNoticed | AttemptLost | AttemptStopped | AttemptFinished | AttemptFailed | AttemptCancelled,
     Field(discriminator="kind"),
 ]  # fmt: skip
 
@@ -238,13 +249,13 @@ def _dispatched(part: DevicePart, event: Dispatched, now: datetime) -> Change:
     return _change(
         part, now,
         {
-            "state": PartState.finetuning, "waiting": None, **event.device.model_dump(),
+            "state": PartState.queued, "waiting": None, **event.device.model_dump(),
             "dispatch": Dispatch(token=event.token, request=event.request, at=now), "attempt": None,
-            "selection": choice, "estimated_time_to_accuracy_s": event.estimated_time_to_accuracy_s,
+            "selection": choice, "started": None, "estimated_time_to_accuracy_s": event.estimated_time_to_accuracy_s,
             "baseline1": event.baseline1,
             "baseline1_estimated_time_to_accuracy_s": event.baseline1_estimated_time_to_accuracy_s,
         },
-        EventKind.selected, f"selected b={choice.batch_size} f={choice.frequency_hz} Hz; fine-tuning",
+        EventKind.selected, f"selected {configuration(choice, event.device.control)}; queued on the device",
         {"batch_size": choice.batch_size, "frequency_hz": choice.frequency_hz},
     )  # fmt: skip
 
@@ -266,7 +277,7 @@ def _cancelled(part: DevicePart, event: Cancelled, now: datetime) -> Change:
 
 
 def _cancel_requested(part: DevicePart, event: CancelRequested, now: datetime) -> Change:
-    _expect(part, event, PartState.finetuning)
+    _open(part, event)
     if part.attempt is None:
         raise Refused("no attempt runs the part: it is cancelled at once instead")
     if part.cancel_requested_at is not None:
@@ -282,7 +293,7 @@ def _requeued(part: DevicePart, event: Requeued, now: datetime) -> Change:
     if part.attempt is not None:
         raise Refused(f"an attempt runs it on {part.attempt.node}: cancel the job first, or wait")
     changes = {
-        "state": PartState.pending, "reason": None, "waiting": None, "selection": None, "baseline1": None,
+        "state": PartState.pending, "reason": None, "waiting": None, "selection": None, "started": None, "baseline1": None,
         "estimated_time_to_accuracy_s": None, "baseline1_estimated_time_to_accuracy_s": None, "report": None,
         "dispatch": None, "cancel_requested_at": None, "requeued_at": now,
     }  # fmt: skip
@@ -290,8 +301,8 @@ def _requeued(part: DevicePart, event: Requeued, now: datetime) -> Change:
 
 
 def _redispatched(part: DevicePart, event: Redispatched, now: datetime) -> Change:
-    _expect(part, event, PartState.finetuning)
-    if part.dispatch is None or part.dispatch.token != event.token or part.attempt is not None:
+    _expect(part, event, PartState.queued)
+    if part.dispatch is None or part.dispatch.token != event.token:
         raise Refused("the dispatch moved on")
     return _change(part, now, {"dispatch": part.dispatch.model_copy(update={"at": now})}, EventKind.attempt_lost,
                    f"nothing ran the fine-tune and none of its messages waited on its queue: {event.outcome}")  # fmt: skip
@@ -303,51 +314,76 @@ _RULES: dict[type, Callable[[DevicePart, Any, datetime], Change]] = {
 }  # fmt: skip  # the attempt's own events: _attempt_transition
 
 
-AttemptEvent = AttemptStarted | AttemptNoticed | AttemptLost | AttemptStopped | AttemptFinished | AttemptFailed | AttemptCancelled
+AttemptEvent = (
+    AttemptStarted | AttemptSelected | AttemptNoticed | AttemptLost | AttemptStopped | AttemptFinished | AttemptFailed
+    | AttemptCancelled
+)  # fmt: skip
 
 
 def _attempt_transition(part: DevicePart, event: AttemptEvent, now: datetime) -> Change:
-    _expect(part, event, PartState.finetuning)
+    """An event of the attempt that runs the part: it starts it, or it holds the part."""
     if isinstance(event, AttemptStarted):
-        dispatch = part.dispatch
-        if dispatch is None or dispatch.token != event.dispatch:
-            raise Refused("it was not dispatched to the part (a stale or forged fine-tune)")
-        if request_digest(dispatch.request) != event.digest:
-            raise Refused("its request is not the one dispatched (a forged fine-tune)")
-        if part.cancel_requested_at is not None:
-            raise Refused("its job was cancelled")
-        if part.attempt is not None:
-            raise Refused(f"attempt {part.attempt.number} runs it on {part.attempt.node}")
-        attempt = Attempt(token=event.attempt, number=part.attempts + 1, node=event.node, started_at=now)
-        changes = {
-            "attempt": attempt, "attempts": attempt.number, "waiting": None,
-            "lost_device_time_s": part.lost_device_time_s + event.lost_device_time_s,
-            "lost_energy_j": part.lost_energy_j + event.lost_energy_j,
-        }  # fmt: skip
-        if event.resumed_at_samples is None:
-            return _change(part, now, changes)
-        message = f"attempt {attempt.number} resumed from the checkpoint at {event.resumed_at_samples} samples"
-        return _change(part, now, changes, EventKind.resumed, message, {"attempt": attempt.number, "samples": event.resumed_at_samples})
+        return _attempt_started(part, event, now)
+    _expect(part, event, PartState.finetuning)
     _held(part, event.attempt)
+    if isinstance(event, AttemptSelected):
+        assert part.selection is not None and part.control is not None, "a part with an attempt was dispatched"
+        chosen = event.started.selection
+        message = (f"trains at {configuration(chosen, part.control)}, not the planned {configuration(part.selection, part.control)}"
+                   f": {chosen.note or 'chosen on the device'}")  # fmt: skip
+        return _change(part, now, {"started": event.started}, EventKind.started, message)
     if isinstance(event, AttemptNoticed):
         return _change(part, now, {"waiting": event.notice})
     if isinstance(event, AttemptLost):
         message = f"the worker running the fine-tune ({_node(part)}) stopped; {event.outcome}"
-        return _change(part, now, {"attempt": None, "waiting": f"attempt lost: {event.outcome}"}, EventKind.attempt_lost, message)
+        changes = {"state": PartState.queued, "attempt": None, "waiting": f"attempt lost: {event.outcome}"}
+        return _change(part, now, changes, EventKind.attempt_lost, message)
     if isinstance(event, AttemptStopped):
         notice = f"{event.reason}; it continues from its checkpoint when a worker serves {part.device_id} again"
-        return _change(part, now, {"attempt": None, "waiting": notice}, EventKind.attempt_lost, notice)
+        return _change(part, now, {"state": PartState.queued, "attempt": None, "waiting": notice}, EventKind.attempt_lost, notice)
     if isinstance(event, AttemptFinished):
-        _check_report(part, event.report)
-        report = event.report.model_copy(
-            update={"attempts": part.attempts, "lost_device_time_s": part.lost_device_time_s, "lost_energy_j": part.lost_energy_j}
-        )
-        assert part.dispatch is not None, "a part with an attempt was dispatched"
-        message = completed_message(report, part.dispatch.request.target_accuracy)
-        return _final(part, now, PartState.completed, None, EventKind.completed, message, {"report": report})
+        return _attempt_finished(part, event, now)
     if isinstance(event, AttemptFailed):
         return _final(part, now, PartState.failed, event.reason, EventKind.failed, f"failed: {event.reason}")
     return _final(part, now, PartState.cancelled, event.reason, EventKind.cancelled, event.reason)
+
+
+def _attempt_started(part: DevicePart, event: AttemptStarted, now: datetime) -> Change:
+    if part.attempt is not None:
+        raise Refused(f"attempt {part.attempt.number} runs it on {part.attempt.node}")
+    _expect(part, event, PartState.queued)
+    dispatch = part.dispatch
+    if dispatch is None or dispatch.token != event.dispatch:
+        raise Refused("it was not dispatched to the part (a stale or forged fine-tune)")
+    if request_digest(dispatch.request) != event.digest:
+        raise Refused("its request is not the one dispatched (a forged fine-tune)")
+    if part.cancel_requested_at is not None:
+        raise Refused("its job was cancelled")
+    attempt = Attempt(token=event.attempt, number=part.attempts + 1, node=event.node, started_at=now)
+    changes = {
+        "state": PartState.finetuning, "attempt": attempt, "attempts": attempt.number, "waiting": None,
+        "lost_device_time_s": part.lost_device_time_s + event.lost_device_time_s,
+        "lost_energy_j": part.lost_energy_j + event.lost_energy_j,
+    }  # fmt: skip
+    if event.resumed_at_samples is None:
+        return _change(part, now, changes)
+    message = f"attempt {attempt.number} resumed from the checkpoint at {event.resumed_at_samples} samples"
+    return _change(part, now, changes, EventKind.resumed, message, {"attempt": attempt.number, "samples": event.resumed_at_samples})
+
+
+def _attempt_finished(part: DevicePart, event: AttemptFinished, now: datetime) -> Change:
+    _check_report(part, event.report)
+    report = event.report.model_copy(
+        update={"attempts": part.attempts, "lost_device_time_s": part.lost_device_time_s, "lost_energy_j": part.lost_energy_j}
+    )
+    assert part.dispatch is not None, "a part with an attempt was dispatched"
+    message = completed_message(report, part.dispatch.request.target_accuracy)
+    return _final(part, now, PartState.completed, None, EventKind.completed, message, {"report": report})
+
+
+def configuration(choice: Selection, control: ControlAxis | None) -> str:
+    """A selection's (b, f) for people, the setting in its axis' unit: "b=64 f=921.6 MHz"."""
+    return f"b={choice.batch_size} f={(control or ControlAxis.GPU_CLOCK_HZ).describe(choice.frequency_hz)}"
 
 
 def request_digest(request: FinetuneRequest) -> str:

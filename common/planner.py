@@ -6,10 +6,11 @@ whether it applies) and, when it applied, carries out the step's effects (common
 
 A part's states and their transitions:
 
-    pending    -> profiling | estimating | finetuning | failed
-    profiling  -> estimating | finetuning | failed   the table is ready (or failed)
-    estimating -> profiling | finetuning | failed    the vector is ready (or failed); a table
+    pending    -> profiling | estimating | queued | failed
+    profiling  -> estimating | queued | failed       the table is ready (or failed)
+    estimating -> profiling | queued | failed        the vector is ready (or failed); a table
                                                      that went stale is profiled again
+    queued     -> finetuning                         the device's worker takes its fine-tune up
     finetuning -> completed | failed | cancelled     reported by the attempt running it
     any other  -> cancelled                          the job was cancelled
     completed, failed, cancelled                     final (an operator may re-queue a part)
@@ -46,10 +47,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from .effects import AwaitDevice, ClaimAndEstimate, ClaimAndProfile, Effect, Note, ReleaseTableClaim, SendFineTune
-from .jobs import TERMINAL, DevicePart, EventKind, PartState
+from .jobs import DISPATCHED, TERMINAL, DevicePart, EventKind, PartState
 from .keys import table_id, vector_key
 from .models import get_model
-from .part_events import Cancelled, CancelRequested, Dispatched, Failed, Identified, PartEvent, Prepared, Waiting
+from .part_events import Cancelled, CancelRequested, Dispatched, Failed, Identified, PartEvent, Prepared, Waiting, configuration
 from .payloads import ProfileRequest, finetune_request, job_profile_request
 from .schemas import DeviceInfo, DeviceTarget, JobSpec, ProfileTable, RelationVector
 from .selection import Baseline1, SelectionError, estimated_time_to_accuracy_s, strategy_for
@@ -115,7 +116,7 @@ def plan(view: PartView) -> Step:
     device = view.device
     if device is None:
         return _missing_device(view)
-    if part.state == PartState.finetuning:
+    if part.state in DISPATCHED:
         return Step(Waiting(notice=None if part.device_missing else part.waiting))  # the attempt's notices stay
     tid, vkey = resource_ids(spec, device.device_type)
     need = table_need(view.table, device, spec.batch_sizes, target.cap_at(0.0), view.table_failure, view.not_before)
@@ -197,16 +198,16 @@ def _fine_tune(view: PartView, device: DeviceInfo, identity: Identified, table: 
         problem = str(exc)
     why = choice.note or f"estimate T*r_b {choice.estimated_time_s:.4g} s"
     cap_text = "no cap" if cap is None else f"a {cap:g} W cap"
-    baseline = f"b={base.batch_size} f={base.frequency_hz} Hz" if base else problem
-    logger.info("job %s, %s under %s: %s chose b=%d f=%d Hz (%s); Baseline 1: %s", view.job_id, device.device_id, cap_text,
-                choice.strategy, choice.batch_size, choice.frequency_hz, why, baseline)  # fmt: skip
+    baseline = configuration(base, device.control) if base else problem
+    logger.info("job %s, %s under %s: planned %s with %s (%s); Baseline 1: %s; the device says if it starts otherwise",
+                view.job_id, device.device_id, cap_text, configuration(choice, device.control), choice.strategy, why, baseline)  # fmt: skip
     request = finetune_request(view.job_id, view.spec, view.target, choice, *resource_ids(view.spec, device.device_type))
     dispatched = Dispatched(
         device=identity, token=view.token, request=request, selection=choice,
         estimated_time_to_accuracy_s=estimated_time_to_accuracy_s(table, vector, choice), baseline1=base,
         baseline1_estimated_time_to_accuracy_s=None if base is None else estimated_time_to_accuracy_s(table, vector, base),
     )  # fmt: skip
-    effects: list[Effect] = [SendFineTune(view.token, request)]
+    effects: list[Effect] = [SendFineTune(view.token, request, device.control)]
     if problem:
         effects.append(Note(f"baseline1:{view.job_id}:{device.device_id}:{view.token}", EventKind.baseline1_unavailable,
                             f"Baseline 1 has no configuration: {problem}", device.device_id))  # fmt: skip

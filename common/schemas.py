@@ -526,9 +526,14 @@ class PowerGuardReport(Strict):
 
     step_downs: int = Field(0, description="times the frequency was stepped down one level on an over-cap reading")
     step_ups: int = Field(0, description="times it went back up after a sustained margin")
-    over_cap_s: float = Field(0.0, description="device time of the measured regions whose peak was over the cap (s)")
+    over_cap_s: float = Field(
+        0.0, description="device time of the measured regions whose peak was over the cap by more than the sensor's resolution (s)"
+    )
     peak_power_w: float = Field(0.0, description="the highest reading (W)")
-    peak_over_cap_w: float = Field(0.0, description="the largest reading above the cap in force (W; 0: never over)")
+    peak_over_cap_w: float = Field(
+        0.0, description="the largest reading above the cap in force by more than the sensor's resolution (W; 0: never over)"
+    )
+    over_cap_w: float | None = Field(None, description="the cap in force when that reading was taken (W)")
 
 
 class ConfigurationRun(Strict):
@@ -579,6 +584,7 @@ class RunReport(Strict):
     device_time_s: float = Field(description="time to accuracy on the device (simulated when `simulated`)")
     energy_j: float
     peak_power_w: float
+    power_resolution_w: float = Field(0.0, description="the smallest step of the device's power readings (W)")
     wall_s: float = Field(description="wall-clock time of the task on the worker host")
     attempts: int = Field(1, description="how many times the fine-tune started (> 1: its worker died and it resumed)")
     lost_device_time_s: float = Field(0.0, description="device time of the work lost with dead attempts (s)")

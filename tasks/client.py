@@ -24,7 +24,7 @@ from edgetrain.common.federated.partition import spec_share_problem
 from edgetrain.common.federated.records import FederatedRecord, FederatedState, FederatedStatus
 from edgetrain.common.federated.spec import FederatedSpec
 from edgetrain.common.ids import checked_id
-from edgetrain.common.jobs import DevicePart, JobState, JobStatus, JobSummary, PartState
+from edgetrain.common.jobs import TERMINAL, DevicePart, JobState, JobStatus, JobSummary, PartState
 from edgetrain.common.keys import (
     DEFAULT_PREFIX,
     learned_key,
@@ -38,6 +38,7 @@ from edgetrain.common.limits import STATUS_PARTS
 from edgetrain.common.models import get_model
 from edgetrain.common.part_events import Refused, Requeued
 from edgetrain.common.payloads import PretrainRequest, PretrainResult, profile_request
+from edgetrain.common.polling import poll_until
 from edgetrain.common.progress import EstimationProgress, Preparation, ProfilingProgress, estimation_progress
 from edgetrain.common.redis_health import RedisFull, RedisUnsafe, full_message, refuse_unsafe
 from edgetrain.common.reports import JobReport
@@ -131,16 +132,6 @@ def datasets_missing_here(spec: JobSpec) -> list[str]:
 T = TypeVar("T")
 SAFE_FOR_S = 10.0  # how long a Redis found safe to submit to is not asked again (s)
 CANCEL_WAIT_S = 10.0  # how long cancelling a federated job waits for the control worker to stop it (s)
-
-
-def poll_until(check: Callable[[], T | None], timeout_s: float | None, poll_s: float, what: str) -> T:
-    """Call `check` every `poll_s` seconds until it returns a value; TimeoutError after `timeout_s`."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while (value := check()) is None:
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not finished after {timeout_s} s")
-        time.sleep(poll_s)
-    return value
 
 
 class ResourceFailed(RuntimeError):
@@ -278,8 +269,8 @@ class EdgeTrainClient:
         self, job_id: str, devices: list[str] | None = None, state: PartState | None = None, page: int | None = None
     ) -> JobStatus:
         """The job's state, counts of parts per state, parts, progress and events, with notes on
-        what it waits for that no live worker will do and how far the tables and vector it
-        waits for are; a part that failed before its device's type was recorded shows the type
+        what it waits for that no live worker will do, how far the tables and vector it waits
+        for are, and what runs on the devices of its queued parts; a part that failed before its device's type was recorded shows the type
         it is registered with. Parts: those of `devices`, else those in `state`, else every
         part of a job of up to STATUS_PARTS devices, else a summary (the failed parts, then the
         first devices, STATUS_PARTS in all, and the newest events; `shown` says which), so
@@ -296,9 +287,10 @@ class EdgeTrainClient:
             identity = self.store.identity.current()
             note = identity.reset_note() if identity else None
             raise JobNotFoundError(f"{exc.args[0]}; {note}" if note else exc.args[0]) from None
+        queued = [d for d, p in status.parts.items() if p.state == PartState.queued]
         return status.model_copy(update={
             "notes": stalled(status, self.workers()), "preparation": self._preparation(status), "parts": self._identified(status),
-            "shown": shown,
+            "shown": shown, "running_there": self.store.jobs.running_on(queued) if queued else {},
         })  # fmt: skip
 
     def _shown(
@@ -414,14 +406,23 @@ class EdgeTrainClient:
         """The newest jobs (at most `limit`), newest first, or those in `state`."""
         return [j for j in self.store.jobs.summaries(limit) if state is None or j.state == state]
 
-    def cancel(self, job_id: str) -> JobStatus:
+    def cancel(self, job_id: str, settle_s: float = 5.0) -> JobStatus:
         """Stop a job: nothing more of it is dispatched, parts that no attempt runs are cancelled
         at once, running fine-tunes checkpoint, stop at their next step and restore their device.
-        JobNotFoundError for an unknown id, JobFinished (nothing changed) when every part has
-        finished already."""
+        Returns its status once the control worker has done so (every part final or asked to
+        stop), or after `settle_s` s as it is then. JobNotFoundError for an unknown id,
+        JobFinished (nothing changed) when every part has finished already."""
         self.store.jobs.cancel(checked_id(job_id, "job_id"))
         send(self.app, TaskName.advance_job, job_id)
-        return self.status(job_id)
+
+        def settled() -> JobStatus | None:
+            status = self.status(job_id)
+            return status if all(p.state in TERMINAL or p.cancel_requested_at for p in status.parts.values()) else None
+
+        try:
+            return poll_until(settled, settle_s, 0.2, f"cancelling job {job_id}")
+        except TimeoutError:
+            return self.status(job_id)
 
     def requeue(self, job_id: str, device_id: str) -> None:
         """Plan a part of a job again: a failed or cancelled one (also of a cancelled job), or a

@@ -22,7 +22,7 @@ from redis import RedisError
 
 from edgetrain.common.checkpoints import remove_checkpoints
 from edgetrain.common.finetune import CancelledRun, FineTune, Options, Stopping, Superseded
-from edgetrain.common.jobs import CheckpointRef, EventKind, FinetuneProgress, PartState
+from edgetrain.common.jobs import CheckpointRef, EventKind, FinetuneProgress, PartState, Started
 from edgetrain.common.keys import learned_key, similar_key, table_id
 from edgetrain.common.learned import FinetuneRecord, data_identity
 from edgetrain.common.models import get_model
@@ -31,6 +31,7 @@ from edgetrain.common.part_events import (
     AttemptFailed,
     AttemptFinished,
     AttemptNoticed,
+    AttemptSelected,
     AttemptStarted,
     AttemptStopped,
     PartEvent,
@@ -49,7 +50,7 @@ from .app import app
 from .context import attempts_exceeded, bound_device, settings, store
 from .contract import TaskFailed, TaskName, describe
 from .leases import attempt_token
-from .reporting import finetune_reporter, profiling_reporter
+from .reporting import finetune_reporter, profiling_reporter, task_line
 from .workflow import advance_device, fail_resource, notify_waiters
 
 logger = get_task_logger(__name__)
@@ -119,7 +120,7 @@ def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
     try:
         vector = s.resources.vector(request.vector_key)
         memory = _Memory(request, vector)
-        recipe = FineTune(request, device, _Writer(job_id, device_id, attempt, finetune_reporter(self)), Options(
+        recipe = FineTune(request, device, _Writer(job_id, device_id, attempt, finetune_reporter(self), task_line(self)), Options(
             attempt=attempt, artifact_dir=settings().artifact_dir, checkpoint_every_s=settings().checkpoint_every_s,
             stop_requested=_stop_flag(worker), table=s.resources.table(request.table_id), vector=vector,
             device_cap=lambda: s.fleet.power_cap(device_id), records=memory.records, similar=memory.similar(), publish=memory.publish,
@@ -220,10 +221,11 @@ class _Memory:
 
 class _Writer:
     """What an attempt writes, through the store's fence on its token (common/finetune.py);
-    its progress is also `shown` (Flower)."""
+    its progress is also `shown` and the configuration it starts at `said` (Flower)."""
 
-    def __init__(self, job_id: str, device_id: str, attempt: str, shown: Callable[[FinetuneProgress], None]):
-        self.job_id, self.device_id, self.attempt, self.shown = job_id, device_id, attempt, shown
+    def __init__(self, job_id: str, device_id: str, attempt: str, shown: Callable[[FinetuneProgress], None],
+                 said: Callable[[str], None]):  # fmt: skip
+        self.job_id, self.device_id, self.attempt, self.shown, self.said = job_id, device_id, attempt, shown, said
 
     def write(self, progress: FinetuneProgress | None = None, checkpoint: CheckpointRef | None = None,
               event: tuple[EventKind, str] | None = None) -> Written:  # fmt: skip
@@ -233,11 +235,22 @@ class _Writer:
         return written
 
     def notice(self, notice: str | None) -> Written:
-        try:
-            store().jobs.apply(self.job_id, self.device_id, AttemptNoticed(attempt=self.attempt, notice=notice))
-        except (Refused, JobNotFoundError):
+        return Written.ok if self._apply(AttemptNoticed(attempt=self.attempt, notice=notice)) else Written.stale
+
+    def started(self, started: Started) -> Written:
+        applied = self._apply(AttemptSelected(attempt=self.attempt, started=started))
+        if applied is None:
             return Written.stale
+        if applied.change.message:
+            logger.info("finetune %s/%s %s", self.job_id, self.device_id, applied.change.message)
+            self.said(applied.change.message)
         return Written.ok
+
+    def _apply(self, event: PartEvent) -> Applied | None:
+        try:
+            return store().jobs.apply(self.job_id, self.device_id, event)
+        except (Refused, JobNotFoundError):
+            return None
 
 
 _terminated = threading.Event()  # this pool process was sent SIGTERM while it fine-tunes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from edgetrain.common.jobs import TERMINAL, JobStatus, PartState
+from edgetrain.common.jobs import DISPATCHED, TERMINAL, JobStatus, PartState
 from edgetrain.common.store import WorkerInfo
 
 from .contract import CONTROL_QUEUE, SERVER_QUEUE, device_queue
@@ -26,7 +26,7 @@ def stalled(status: JobStatus, workers: Sequence[WorkerInfo]) -> list[str]:
                      "start `edgetrain worker server`")  # fmt: skip
     for part in open_parts:
         queue = device_queue(part.device_id)
-        if part.state in (PartState.profiling, PartState.finetuning) and queue not in consumed:
+        if part.state in (PartState.profiling, *DISPATCHED) and queue not in consumed:
             notes.append(f"no live worker consumes {queue!r}: start "
                          f"`edgetrain worker device --device-id {part.device_id} --backend ...` on its board")  # fmt: skip
     return notes

@@ -75,7 +75,7 @@ def carry_out(record: FederatedRecord, step: Step) -> Phase:
         send_again(app, sent)
     for effect in step.effects:
         if isinstance(effect, SendTrain):
-            send(app, TaskName.federated_train, effect.request, device_queue(effect.request.device_id))
+            send(app, TaskName.federated_train, effect.request, device_queue(effect.request.device_id), setting=effect.setting)
         elif isinstance(effect, ClaimAndProfile):
             claim_and_profile(job_id, effect, lambda message, device, _: s.federated.note(job_id, EventKind.profiling, message, device))
     return _phase(job_id)

@@ -105,9 +105,7 @@ def release_lease(task_id: str, **_: Any) -> None:
     keeper = _process_keeper()
     with keeper.lock:
         attempt = keeper.attempts.pop(task_id, None)
-    if attempt is not None:
-        store().liveness.release(task_id, attempt)
-    store().ledger.done(task_id)
+    store().liveness.finish(task_id, attempt)
 
 
 def hold_leases() -> None:

@@ -29,7 +29,7 @@ import threading
 from celery import Celery
 from typing_extensions import override
 
-from edgetrain.common.jobs import EventKind, PartState
+from edgetrain.common.jobs import DISPATCHED, EventKind
 from edgetrain.common.keys import vector_key, vector_resource
 from edgetrain.common.part_events import AttemptLost, Redispatched, Refused
 from edgetrain.common.payloads import ProfileRequest, ProxyRunRequest, profile_resource
@@ -134,13 +134,8 @@ def redispatch_orphans(store: Store, app: Celery, settings: Settings) -> list[tu
 
     now = store.liveness.now()
     listed = store.jobs.dispatched_since(now - settings.lease_ttl_s, RECHECK_BATCH)
-    parts = {}
-    for job_id, device_id in listed:
-        try:
-            parts[(job_id, device_id)] = store.jobs.part(job_id, device_id)
-        except JobNotFoundError:
-            continue
-    tokens = {key: p.dispatch.token for key, p in parts.items() if p.state == PartState.finetuning and p.dispatch is not None}
+    parts = store.jobs.parts_at(listed)
+    tokens = {key: p.dispatch.token for key, p in parts.items() if p.state in DISPATCHED and p.dispatch is not None}
     missing = _unheld(store, app, {token: device_queue(device_id) for (_, device_id), token in tokens.items()})
     orphans = [(key, token) for key, token in tokens.items() if token in missing]
     for (job_id, device_id), _ in orphans:
@@ -155,9 +150,9 @@ def redispatch_orphans(store: Store, app: Celery, settings: Settings) -> list[tu
         except (Refused, JobNotFoundError):
             continue
         if token not in restored:
-            dispatch = parts[(job_id, device_id)].dispatch
-            assert dispatch is not None
-            dispatch_fine_tune(token, dispatch.request)
+            part = parts[(job_id, device_id)]
+            assert part.dispatch is not None
+            dispatch_fine_tune(token, part.dispatch.request, part.control)
         logger.warning("fine-tune %s/%s (task %s) ran nowhere: %s", job_id, device_id, token, outcome)
     store.jobs.seen_dispatched(listed, now)
     return [key for key, _ in orphans]

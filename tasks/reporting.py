@@ -51,4 +51,10 @@ def profiling_reporter(task: Task, device_id: str) -> Callable[[ProfilingProgres
 
 def finetune_reporter(task: Task) -> Callable[[FinetuneProgress], None]:
     """A fine-tune's evaluations in Flower (at most about once a second; the store has them already)."""
-    return throttled(lambda progress: _best_effort(lambda: show_progress(task, finetune_line(progress))))
+    say = task_line(task)
+    return throttled(lambda progress: say(finetune_line(progress)))
+
+
+def task_line(task: Task) -> Callable[[str], None]:
+    """A line about the running task for Flower."""
+    return lambda text: _best_effort(lambda: show_progress(task, text))

@@ -4,8 +4,9 @@
 (common/planner.py) for its next step, applies the step's event to the part and, when it
 applied, carries out the step's effects: it claims and dispatches profiling and estimation,
 and sends `finetune` once a selection is recorded. Tasks that produce a table or a vector
-advance every job waiting on it. Claims and once-only markers in Redis make repeated or
-concurrent advances harmless.
+advance every job waiting on it. Repeated or concurrent advances of a page are harmless
+without a lock: a part's change is written only if the part is still as read
+(common/store/jobs.py), and claims and once-only markers in Redis keep the rest to one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import uuid
 from celery.utils.log import get_task_logger
 
 from edgetrain.common.admission import job_refusal
+from edgetrain.common.control_axis import ControlAxis
 from edgetrain.common.effects import AwaitDevice, ClaimAndEstimate, ClaimAndProfile, Note, ReleaseTableClaim, SendFineTune
 from edgetrain.common.jobs import (
     TERMINAL,
@@ -23,7 +25,6 @@ from edgetrain.common.jobs import (
     EventField,
     EventKind,
     JobRecord,
-    state_of_counts,
 )
 from edgetrain.common.keys import table_resource, vector_resource
 from edgetrain.common.limits import RECORDS_KEPT
@@ -45,7 +46,6 @@ from .contract import TaskName, device_queue, send, send_tracked
 from .effects import claim_and_estimate, claim_and_profile
 
 logger = get_task_logger(__name__)
-JOB_LOCK_TIMEOUT_S = 120
 
 
 def notify_waiters(resource: str) -> None:
@@ -132,16 +132,15 @@ def advance_device(job_id: str, device_id: str) -> None:
 @app.task(name=TaskName.advance_job.value)
 def advance_job(job_id: str) -> str:
     """Do the next step of every device part of job `job_id`: at once for a job of one page,
-    else one `advance_page` task per page (control workers run them side by side, and no lock
-    or read grows with the fleet). Returns the job's state, or "paged"."""
-    record = store().jobs.record(job_id)
+    else one `advance_page` task per page (control workers run them side by side, and no read
+    grows with the fleet). Returns what it did: "advanced", "paged"."""
+    record = store().jobs.take_up(job_id)
     if record is None and store().federated.record(job_id) is not None:  # a table it waited for is stored
         send(app, TaskName.federated_advance, job_id)
         return "federated"
     if record is None:
         logger.warning("advance_job: no job %s", job_id)
         return "unknown job"
-    store().jobs.planned(job_id)
     pages = math.ceil(len(record.spec.devices) / settings().page_size)
     if pages == 1:
         return _advance_page(record, 0)
@@ -152,7 +151,7 @@ def advance_job(job_id: str) -> str:
 
 @app.task(name=TaskName.advance_page.value, pydantic=True)
 def advance_page(page: JobPage) -> str:
-    """Do the next step of the parts of one page of a job; returns the job's state."""
+    """Do the next step of the parts of one page of a job; returns "advanced"."""
     record = store().jobs.record(page.job_id)
     if record is None:
         logger.warning("advance_page: no job %s", page.job_id)
@@ -165,20 +164,19 @@ def _advance_page(record: JobRecord, page: int) -> str:
     size = settings().page_size
     targets = spec.devices[page * size : (page + 1) * size]
     refusal = _refusal(record)  # a spec written past the client
-    with s.lock(s.keys.job_lock(job_id, page), JOB_LOCK_TIMEOUT_S):
-        reader = _Reader(s, record, targets)
-        for target, part in zip(targets, s.jobs.parts(job_id, [t.device_id for t in targets])):
-            if part.state in TERMINAL:
-                continue
-            if refusal:
-                report(job_id, part.device_id, Failed(reason=refusal))
-                continue
-            try:
-                carry_out(job_id, part.device_id, plan(reader.view(target, part)))
-            except Exception as exc:  # a bug or a model this worker cannot load: fail the part, say why
-                logger.exception("advancing %s/%s failed", job_id, part.device_id)
-                report(job_id, part.device_id, Failed(reason=f"planning failed: {type(exc).__name__}: {exc}"))
-    return state_of_counts(s.jobs.states(job_id)).value
+    reader = _Reader(s, record, targets)
+    for target, part in zip(targets, s.jobs.parts(job_id, [t.device_id for t in targets])):
+        if part.state in TERMINAL:
+            continue
+        if refusal:
+            report(job_id, part.device_id, Failed(reason=refusal))
+            continue
+        try:
+            carry_out(job_id, part, plan(reader.view(target, part)))
+        except Exception as exc:  # a bug or a model this worker cannot load: fail the part, say why
+            logger.exception("advancing %s/%s failed", job_id, part.device_id)
+            report(job_id, part.device_id, Failed(reason=f"planning failed: {type(exc).__name__}: {exc}"))
+    return "advanced"
 
 
 def _refusal(record: JobRecord) -> str | None:
@@ -194,21 +192,22 @@ def _refusal(record: JobRecord) -> str | None:
 _refusals: dict[str, str | None] = {}
 
 
-def report(job_id: str, device_id: str, event: PartEvent) -> Applied | None:
-    """Apply an event to a part (common/part_events.py decides; the store applies it in one
-    transaction); None when it does not apply to the part as it is now (logged)."""
+def report(job_id: str, device_id: str, event: PartEvent, seen: DevicePart | None = None) -> Applied | None:
+    """Apply an event to a part (common/part_events.py decides; the store writes it only if the
+    part is still as decided on: `seen`, as this step read it, else as read again); None when it
+    does not apply to the part as it is now (logged)."""
     try:
-        return store().jobs.apply(job_id, device_id, event)
+        return store().jobs.apply(job_id, device_id, event, seen)
     except Refused as exc:
         logger.info("%s/%s: %s refused: %s", job_id, device_id, event.kind, exc)
         return None
 
 
-def carry_out(job_id: str, device_id: str, step: Step) -> None:
-    """Apply the step's event to the part and, when it applied, carry out its effects. A
-    fine-tune is sent after its dispatch is recorded, so a crash in between leaves a dispatched
-    part without a task, which the reaper sends again."""
-    if step.event is not None and report(job_id, device_id, step.event) is None:
+def carry_out(job_id: str, part: DevicePart, step: Step) -> None:
+    """Apply the step's event to the part (as the step read it) and, when it applied, carry out
+    its effects. A fine-tune is sent after its dispatch is recorded, so a crash in between
+    leaves a dispatched part without a task, which the reaper sends again."""
+    if step.event is not None and report(job_id, part.device_id, step.event, part) is None:
         return
     s = store()
 
@@ -221,7 +220,7 @@ def carry_out(job_id: str, device_id: str, step: Step) -> None:
         elif isinstance(effect, ClaimAndEstimate):
             claim_and_estimate(job_id, effect, log)
         elif isinstance(effect, SendFineTune):
-            dispatch_fine_tune(effect.token, effect.request)
+            dispatch_fine_tune(effect.token, effect.request, effect.control)
         elif isinstance(effect, AwaitDevice):  # the reaper advances the job when the device registers, or then
             s.fleet.await_device(effect.device_id, effect.by)
         elif isinstance(effect, ReleaseTableClaim):
@@ -231,6 +230,8 @@ def carry_out(job_id: str, device_id: str, step: Step) -> None:
             s.jobs.event(job_id, effect.kind, effect.message, effect.device_id)
 
 
-def dispatch_fine_tune(token: str, request: FinetuneRequest) -> None:
-    """Send the fine-tune of a part, as the task `token` on its device's queue."""
-    send(app, TaskName.finetune, request, device_queue(request.device_id), task_id=token)
+def dispatch_fine_tune(token: str, request: FinetuneRequest, control: ControlAxis | None) -> None:
+    """Send the fine-tune of a part, as the task `token` on its device's queue (its label gives
+    the setting in the unit of the device's `control` axis)."""
+    setting = (control or ControlAxis.GPU_CLOCK_HZ).describe(request.frequency_hz)
+    send(app, TaskName.finetune, request, device_queue(request.device_id), task_id=token, setting=setting)

@@ -85,10 +85,12 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     """`edgetrain fleet`: registered devices and live workers."""
     client = _client(args)
     devices, workers = client.fleet(), client.workers()
+    caps = client.store.fleet.power_caps([d.device_id for d in devices])
     if args.json:
-        print_json({"devices": [d.model_dump(mode="json") for d in devices], "workers": [w.model_dump(mode="json") for w in workers]})
+        print_json({"devices": [d.model_dump(mode="json") for d in devices], "workers": [w.model_dump(mode="json") for w in workers],
+                    "caps": {d: cap.model_dump(mode="json") for d, cap in caps.items()}})  # fmt: skip
     else:
-        print(format_fleet(devices, workers))
+        print(format_fleet(devices, workers, caps))
     return ExitCode.ok
 
 
@@ -187,13 +189,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     """`edgetrain jobs [--state S]`: the newest jobs."""
     from edgetrain.common.jobs import JobState
 
-    from .federated_output import format_federated_jobs
-
     client = _client(args)
     jobs = client.jobs(JobState(args.state) if args.state else None, args.limit)
     federated = [] if args.state or args.json else client.federated_jobs(args.limit)
-    text = "\n".join(part for part in (format_jobs(jobs) if jobs else "", format_federated_jobs(federated)) if part) or "no jobs"
-    print_json(jobs) if args.json else print(text)
+    print_json(jobs) if args.json else print(format_jobs(jobs, federated, args.limit))
     return ExitCode.ok
 
 
@@ -442,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text, or one JSON object per line with job, device, task and task id (default: $EDGETRAIN_LOG_FORMAT)")
     p.set_defaults(func=cmd_worker)
 
-    p = sub.add_parser("fleet", help="list registered devices and live workers", parents=conn)
+    p = sub.add_parser("fleet", help="list registered devices (with a cap set on them by `edgetrain cap`) and live workers",
+                       parents=conn)  # fmt: skip
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_fleet)
 
@@ -469,8 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_select)
 
-    p = sub.add_parser("jobs", help="list the newest jobs, then federated ones (not with --state or --json); `jobs prune` deletes old "
-                       "finished jobs", parents=conn)
+    p = sub.add_parser("jobs", help="list the newest jobs, federated ones among them (not with --state or --json), with one "
+                       "failed part of each and why; `jobs prune` deletes old finished jobs", parents=conn)
     p.add_argument("--state", choices=[s.value for s in JobState], help="only jobs in this state")
     p.add_argument("--limit", type=int, default=100, help="how many of the newest jobs (default 100)")
     p.add_argument("--json", action="store_true")

@@ -10,7 +10,9 @@ on and retried, the broker's queues and Redis's INFO. Every device and part figu
 `simulated="true"` when a twin produced it.
 
 Jobs reported: the newest `EDGETRAIN_METRICS_JOBS` (100) and every older one with an
-unfinished part."""
+unfinished part. A scrape reads each job's summary (parts per state, progress totals) and the
+fine-tune running on each device, never every part of a big job: a series per part only for
+jobs of up to STATUS_PARTS (50) devices, per-job series (`edgetrain_job_*`) for every job."""
 
 from __future__ import annotations
 
@@ -27,9 +29,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from edgetrain.common.control_axis import ControlAxis
-from edgetrain.common.jobs import TERMINAL, DevicePart, FinetuneProgress, JobState, PartState, job_state
+from edgetrain.common.jobs import TERMINAL, DevicePart, JobState, PartState
+from edgetrain.common.limits import STATUS_PARTS
 from edgetrain.common.settings import Settings
-from edgetrain.common.store import JobView, Store
+from edgetrain.common.store import JobView, Running, Store, Tally
 from edgetrain.tasks.contract import CONTROL_QUEUE, HANDED_ON, RETRIES, ROLES, SERVER_QUEUE, device_queue, queue_role
 
 logger = logging.getLogger(__name__)
@@ -37,23 +40,25 @@ logger = logging.getLogger(__name__)
 WAITING_REASONS = ("no_worker", "paused", "planning", "table", "vector", "device_queue")
 DEVICE_LABELS = ["device", "simulated"]
 PART_LABELS = ["job_id", "device", "simulated"]  # "job" is the label Prometheus gives the scrape job
+DEVICE_QUEUE_STATES = (PartState.profiling, PartState.queued, PartState.finetuning)  # parts that need their device's worker
 
 
 def _flag(simulated: bool | None) -> str:
     return "unknown" if simulated is None else str(simulated).lower()
 
 
-def waiting_reason(part: DevicePart, progress: FinetuneProgress | None, consumed: set[str]) -> str | None:
-    """Why an unfinished part waits, None when it runs (a fine-tune reporting progress):
-    `no_worker` (no live worker consumes the queue it needs), `paused` (no configuration
-    meets the cap), `planning` (pending), `table` (profiling), `vector` (estimating),
-    `device_queue` (its fine-tune waits its turn on the device)."""
-    needs = {PartState.pending: CONTROL_QUEUE, PartState.estimating: SERVER_QUEUE}.get(part.state, device_queue(part.device_id))
+def waiting_reason(state: PartState, device_id: str, paused: bool, consumed: set[str]) -> str | None:
+    """Why an unfinished part waits, None when its fine-tune runs: `no_worker` (no live worker
+    consumes the queue it needs), `paused` (its fine-tune is paused: no configuration meets the
+    cap), `planning` (pending), `table` (profiling), `vector` (estimating), `device_queue` (its
+    fine-tune is queued on the device, behind what runs there)."""
+    needs = {PartState.pending: CONTROL_QUEUE, PartState.estimating: SERVER_QUEUE}.get(state, device_queue(device_id))
     if needs not in consumed:
         return "no_worker"
-    if part.state == PartState.finetuning:
-        return None if progress is None or progress.paused is None else "paused"
-    return {PartState.pending: "planning", PartState.profiling: "table", PartState.estimating: "vector"}[part.state]
+    if state == PartState.finetuning:
+        return "paused" if paused else None
+    reasons = {PartState.pending: "planning", PartState.profiling: "table", PartState.estimating: "vector"}
+    return reasons.get(state, "device_queue")  # queued
 
 
 class FleetCollector(Collector):
@@ -85,10 +90,12 @@ class FleetCollector(Collector):
         workers = s.liveness.workers(self.settings.heartbeat_ttl_s)
         consumed = {q for w in workers for q in w.queues}
         yield from self._roles(workers)
-        jobs = s.monitoring.jobs(s.monitoring.job_ids(self.settings.metrics_jobs))
         last_seen = s.monitoring.last_seen()
-        yield from self._devices(jobs, last_seen)
-        yield from self._parts(jobs, consumed)
+        job_ids = s.monitoring.job_ids(self.settings.metrics_jobs, list(last_seen))
+        tallies = {j: t for j, t in s.jobs.tallies(job_ids).items() if t.counts}  # a job whose keys expired has none
+        running = s.monitoring.running()
+        yield from self._devices(running, last_seen)
+        yield from self._jobs(tallies, running, consumed)
         queues = [CONTROL_QUEUE, SERVER_QUEUE, *(device_queue(d) for d in sorted(last_seen))]
         depth = GaugeMetricFamily("edgetrain_queue_messages", "messages waiting in a broker queue", labels=["queue", "role"])
         for queue, length in s.monitoring.queue_lengths(queues).items():
@@ -121,9 +128,9 @@ class FleetCollector(Collector):
             retries.add_metric([role], retried.get(role, 0))
         yield from (live, running, handed_on, retries)
 
-    def _devices(self, jobs: list[JobView], last_seen: dict[str, float]) -> Iterator[Metric]:
+    def _devices(self, running: dict[str, Running], last_seen: dict[str, float]) -> Iterator[Metric]:
         s = self.store
-        devices = {d.device_id: d for d in s.fleet.devices()}
+        devices = {d.device_id: d for d in s.monitoring.live_devices()}
         up = GaugeMetricFamily("edgetrain_device_up", "1 for a device with a live heartbeat",
                                labels=["device", "device_type", "backend", "simulated"])  # fmt: skip
         for d in devices.values():
@@ -132,13 +139,6 @@ class FleetCollector(Collector):
         for device_id, at in sorted(last_seen.items()):
             seen.add_metric([device_id], at)
         yield from (up, seen)
-        running: dict[str, tuple[str, DevicePart, FinetuneProgress]] = {}  # device -> the fine-tune it reports now
-        for view in jobs:
-            for device_id, progress in view.progress.items():
-                part = view.parts.get(device_id)
-                if part is not None and part.state == PartState.finetuning:
-                    if device_id not in running or running[device_id][2].updated_at < progress.updated_at:
-                        running[device_id] = (view.record.job_id, part, progress)
         gauges = {name: GaugeMetricFamily(f"edgetrain_device_{name}", doc, labels=DEVICE_LABELS) for name, doc in (
             ("power_watts", "mean board power of the running fine-tune since its previous report"),
             ("peak_power_watts", "highest board power reading of the running fine-tune"),
@@ -156,9 +156,12 @@ class FleetCollector(Collector):
             ("over_cap_seconds", "device time of measured regions whose peak power was over the cap, running fine-tune"),
         )}  # fmt: skip
         job = GaugeMetricFamily("edgetrain_device_job_info", "the job whose fine-tune runs on the device", labels=["device", "job_id"])
-        for device_id, (job_id, part, p) in sorted(running.items()):
+        for device_id, run in sorted(running.items()):
+            part, p = run.part, run.progress
+            job.add_metric([device_id, run.job_id], 1)
+            if p is None:  # started, nothing measured yet
+                continue
             labels = [device_id, _flag(part.simulated)]
-            job.add_metric([device_id, job_id], 1)
             axis = {ControlAxis.GPU_CLOCK_HZ: ("frequency_hertz", 1.0), ControlAxis.POWER_LIMIT_MW: ("power_limit_watts", 1e-3)}
             setting = axis.get(part.control or ControlAxis.GPU_CLOCK_HZ)
             values = {
@@ -173,15 +176,56 @@ class FleetCollector(Collector):
                     gauges[name].add_metric(labels, value)
             for name, count in (("guard_step_downs", p.guard_step_downs), ("switches", p.switches), ("over_cap_seconds", p.over_cap_s)):
                 counters[name].add_metric(labels, count)
-        for device_id, device in sorted(devices.items()):  # idle devices: the cap set on them
-            if device_id not in running and (cap := s.fleet.power_cap(device_id)) is not None and cap.power_cap_w is not None:
-                gauges["power_cap_watts"].add_metric([device_id, _flag(device.simulated)], cap.power_cap_w)
+        idle = [d for d in sorted(devices) if running.get(d) is None or running[d].progress is None]
+        for device_id, cap in s.fleet.power_caps(idle).items():  # idle devices: the cap set on them
+            if cap.power_cap_w is not None:
+                gauges["power_cap_watts"].add_metric([device_id, _flag(devices[device_id].simulated)], cap.power_cap_w)
         yield from (*gauges.values(), *counters.values(), job)
 
-    def _parts(self, jobs: list[JobView], consumed: set[str]) -> Iterator[Metric]:
+    def _jobs(self, tallies: dict[str, Tally], running: dict[str, Running], consumed: set[str]) -> Iterator[Metric]:
+        """Per job, from its summary (never from its parts): its state, parts per state and
+        progress totals; the parts that wait and why (a big job's devices read from its sets of
+        devices by state); and a series per part for the jobs of up to STATUS_PARTS devices."""
         by_job: Counter[JobState] = Counter()
         by_part: Counter[PartState] = Counter()
         waiting: Counter[str] = Counter()
+        job_parts = GaugeMetricFamily("edgetrain_job_parts", "a reported job's parts in each state", labels=["job_id", "state"])
+        totals = {name: GaugeMetricFamily(f"edgetrain_job_{name}", doc, labels=["job_id"]) for name, doc in (
+            ("samples", "samples the job's fine-tunes have processed, all parts together"),
+            ("device_time_seconds", "device time of the job's fine-tunes so far, all parts together"),
+            ("energy_joules", "board energy of the job's fine-tunes so far, all parts together"),
+        )}  # fmt: skip
+        small = [j for j, t in tallies.items() if sum(t.counts.values()) <= STATUS_PARTS]
+        for job_id, tally in tallies.items():
+            by_job[tally.state] += 1
+            for part_state, n in tally.counts.items():
+                by_part[part_state] += n
+                job_parts.add_metric([job_id, part_state.value], n)
+            for name, value in zip(totals, (tally.samples, tally.device_time_s, tally.energy_j)):
+                totals[name].add_metric([job_id], value)
+        big = [j for j in tallies if j not in small]
+        members = self.store.monitoring.parts_in([(j, state) for j in big for state in DEVICE_QUEUE_STATES])
+        for job_id in big:
+            counts = tallies[job_id].counts
+            shared = [(state, "") for state in (PartState.pending, PartState.estimating) for _ in range(counts.get(state, 0))]
+            on_devices = [(state, d) for state in DEVICE_QUEUE_STATES for d in members[(job_id, state)]]
+            for state, device_id in shared + on_devices:
+                if reason := waiting_reason(state, device_id, _paused(running, job_id, device_id), consumed):
+                    waiting[reason] += 1
+        yield from (*self._parts(self.store.monitoring.jobs(small), running, consumed, waiting), job_parts, *totals.values())
+        jobs_family = GaugeMetricFamily("edgetrain_jobs", "reported jobs by state", labels=["state"])
+        for job_state_ in JobState:
+            jobs_family.add_metric([job_state_.value], by_job[job_state_])
+        parts_family = GaugeMetricFamily("edgetrain_parts", "parts of the reported jobs by state", labels=["state"])
+        for part_state in PartState:
+            parts_family.add_metric([part_state.value], by_part[part_state])
+        waiting_family = GaugeMetricFamily("edgetrain_parts_waiting", "unfinished parts that wait, by why", labels=["reason"])
+        for reason in WAITING_REASONS:
+            waiting_family.add_metric([reason], waiting[reason])
+        yield from (jobs_family, parts_family, waiting_family)
+
+    def _parts(self, jobs: list[JobView], running: dict[str, Running], consumed: set[str], waiting: Counter[str]) -> Iterator[Metric]:
+        """A series per part of `jobs` (small ones), counting in `waiting` why theirs wait."""
         state = GaugeMetricFamily("edgetrain_part_state", "1 for the state a device's part of a job is in", labels=[*PART_LABELS, "state"])
         waits = GaugeMetricFamily("edgetrain_part_waiting", "1 for an unfinished part that waits", labels=[*PART_LABELS, "reason"])
         gauges = {name: GaugeMetricFamily(f"edgetrain_part_{name}", doc, labels=PART_LABELS) for name, doc in (
@@ -195,21 +239,21 @@ class FleetCollector(Collector):
             ("attempts", "times the part's fine-tune started (> 1: its worker died and it resumed)"),
         )}  # fmt: skip
         estimated = GaugeMetricFamily("edgetrain_part_estimated_time_to_accuracy_seconds",
-                                      "estimated device time to the target accuracy of the selection (T[b][f] * N_b / N_s)",
+                                      "estimated device time to the target accuracy of what the fine-tune runs (the plan, or the "
+                                      "configuration the device chose at its start) and of Baseline 1 (T[b][f] * N_b / N_s)",
                                       labels=[*PART_LABELS, "method"])  # fmt: skip
         for view in jobs:
             job_id = view.record.job_id
-            by_job[job_state(list(view.parts.values()))] += 1
             for device_id, part in view.parts.items():
                 labels = [job_id, device_id, _flag(part.simulated)]
-                by_part[part.state] += 1
                 state.add_metric([*labels, part.state.value], 1)
                 progress, report = view.progress.get(device_id), part.report
-                if part.state not in TERMINAL and (reason := waiting_reason(part, progress, consumed)) is not None:
+                if part.state not in TERMINAL and (
+                    reason := waiting_reason(part.state, device_id, _paused(running, job_id, device_id), consumed)
+                ):
                     waiting[reason] += 1
                     waits.add_metric([*labels, reason], 1)
-                estimates = {"edgetrain": part.estimated_time_to_accuracy_s, "baseline1": part.baseline1_estimated_time_to_accuracy_s}
-                for method, value in estimates.items():
+                for method, value in _estimates(part).items():
                     if value is not None:
                         estimated.add_metric([*labels, method], value)
                 values: dict[str, float | None] = {"target_accuracy_ratio": view.record.spec.target_accuracy,
@@ -226,16 +270,21 @@ class FleetCollector(Collector):
                 for name, value in values.items():
                     if value is not None:
                         gauges[name].add_metric(labels, value)
-        jobs_family = GaugeMetricFamily("edgetrain_jobs", "reported jobs by state", labels=["state"])
-        for job_state_ in JobState:
-            jobs_family.add_metric([job_state_.value], by_job[job_state_])
-        parts_family = GaugeMetricFamily("edgetrain_parts", "parts of the reported jobs by state", labels=["state"])
-        for part_state in PartState:
-            parts_family.add_metric([part_state.value], by_part[part_state])
-        waiting_family = GaugeMetricFamily("edgetrain_parts_waiting", "unfinished parts that wait, by why", labels=["reason"])
-        for reason in WAITING_REASONS:
-            waiting_family.add_metric([reason], waiting[reason])
-        yield from (jobs_family, parts_family, waiting_family, state, waits, estimated, *gauges.values())
+        yield from (state, waits, estimated, *gauges.values())
+
+
+def _paused(running: dict[str, Running], job_id: str, device_id: str) -> bool:
+    """Whether the job's fine-tune on the device runs paused: no configuration meets the cap."""
+    run = running.get(device_id)
+    return run is not None and run.job_id == job_id and run.progress is not None and run.progress.paused is not None
+
+
+def _estimates(part: DevicePart) -> dict[str, float | None]:
+    """The estimated time to accuracy of what the part's fine-tune runs and of Baseline 1 (s),
+    under the vector that chose it."""
+    if part.started is not None:
+        return {"edgetrain": part.started.estimated_time_to_accuracy_s, "baseline1": part.started.baseline1_estimated_time_to_accuracy_s}
+    return {"edgetrain": part.estimated_time_to_accuracy_s, "baseline1": part.baseline1_estimated_time_to_accuracy_s}
 
 
 def registry(store: Store, settings: Settings) -> CollectorRegistry:

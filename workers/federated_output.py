@@ -7,14 +7,11 @@ from edgetrain.common.federated.records import FederatedStatus, Phase
 EVENTS_SHOWN = 10
 
 
-def format_federated_jobs(jobs: list[FederatedStatus]) -> str:
-    """One line per federated job, newest first."""
-    return "\n".join(
-        f"{j.record.job_id}  {j.state.phase.value:<10} {j.record.spec.model:<18} {len(j.record.spec.devices):>4} device(s)  "
-        f"submitted {j.record.created_at:%Y-%m-%d %H:%M:%S}  federated, round {j.state.round}"
-        + (f", global accuracy {j.state.accuracy:.4f}" if j.state.accuracy is not None else "")
-        for j in jobs
-    )
+def federated_job_line(j: FederatedStatus) -> str:
+    """A federated job's line of the job list."""
+    return (f"{j.record.job_id}  {j.state.phase.value:<10} {j.record.spec.model:<18} {len(j.record.spec.devices):>4} device(s)  "
+            f"submitted {j.record.created_at:%Y-%m-%d %H:%M:%S}  federated, round {j.state.round}"
+            + (f", global accuracy {j.state.accuracy:.4f}" if j.state.accuracy is not None else ""))  # fmt: skip
 
 
 def format_federated(status: FederatedStatus) -> str:

@@ -12,12 +12,14 @@ from typing import Any
 from pydantic import BaseModel
 
 from edgetrain.common.control_axis import ControlAxis
+from edgetrain.common.federated.records import FederatedStatus
 from edgetrain.common.jobs import JobStatus, JobSummary, PartState
 from edgetrain.common.keys import table_id
 from edgetrain.common.reports import DeviceReport, JobReport
-from edgetrain.common.schemas import DeviceInfo, ProfileTable, RelationVector, Selection
+from edgetrain.common.schemas import DeviceCap, DeviceInfo, ProfileTable, RelationVector, Selection
 from edgetrain.common.store import LiveWorker
 
+from .federated_output import federated_job_line
 from .progress import part_line
 
 SIMULATED_NOTE = " (SIMULATED device: time, power and energy come from its twin)"
@@ -49,11 +51,59 @@ def _choice(label: str, choice: Selection, estimate_s: float | None, control: Co
     )
 
 
+BASELINE1_NOTE = ("baseline 1: what runs without edgetrain: the largest batch that fits in memory, at the highest frequency "
+                  "whose full-load power (the board's, whatever the model) meets the cap")  # fmt: skip
+
+
+def _watts(cap_w: float | None) -> str:
+    return "none" if cap_w is None else f"{cap_w:g} W"
+
+
+def _caps(d: DeviceReport) -> str:
+    """The job's cap for the device, then each other cap in force while it fine-tuned (an
+    `edgetrain cap`, a schedule's step) and from when (device s)."""
+    in_force, changes = d.power_cap_w, []
+    for switch in d.achieved.switches if d.achieved else []:
+        if switch.power_cap_w != in_force:
+            in_force = switch.power_cap_w
+            changes.append(f"{_watts(in_force)} from {switch.device_time_s:.1f} s")
+    return _watts(d.power_cap_w) + (f", then {', '.join(changes)}" if changes else "")
+
+
+def _over(d: DeviceReport) -> str:
+    """The verdict on the run's power against the cap in force when it was read."""
+    run = d.achieved
+    if not d.over_cap or run is None:
+        return ""
+    if run.guard.over_cap_w is not None:
+        return (f"; a reading of {run.guard.peak_over_cap_w:.3g} W was ABOVE the {run.guard.over_cap_w:g} W cap in force then "
+                f"({_fmt(run.guard.over_cap_s, 's')} over it)")  # fmt: skip
+    return f" ABOVE the {_watts(d.power_cap_w)} cap"
+
+
+def _headline(d: DeviceReport, control: ControlAxis) -> list[str]:
+    """The configuration the fine-tune runs and its estimate; the plan beside it, and why the
+    device chose otherwise, when it did."""
+    assert d.selection is not None
+    if d.started is None:
+        return [_choice("edgetrain ", d.selection, d.estimated_time_to_accuracy_s, control)] + (
+            [f"              {d.selection.note}"] if d.selection.note else []
+        )
+    started = d.started
+    plan = d.selection
+    return [
+        _choice("edgetrain ", started.selection, started.estimated_time_to_accuracy_s, control) + f"  ({started.vector})",
+        f"              chosen on the device at its first step: {started.selection.note or 'no reason given'}",
+        f"              planned b={plan.batch_size} {control.describe(plan.frequency_hz)}, estimated time to accuracy "
+        f"{_fmt(d.estimated_time_to_accuracy_s, 's')} with the proxy's r_b",
+    ]
+
+
 def _achieved(d: DeviceReport, target_accuracy: float) -> list[str]:
     run = d.achieved
     assert run is not None
     clock = "the twin's clock" if run.simulated else "measured on the device"
-    over = f" ABOVE the {d.power_cap_w} W cap" if d.over_cap else ""
+    over = _over(d)
     lines = [
         f"  achieved  : accuracy {run.final_accuracy:.3f} "
         f"({'reached' if run.reached else f'target {target_accuracy:g} not reached'}) after {run.samples_processed} samples",
@@ -70,7 +120,7 @@ def _achieved(d: DeviceReport, target_accuracy: float) -> list[str]:
     if run.paused_s:
         lines.append(f"              paused {_fmt(run.paused_s, 's')} at idle clocks: no configuration met the cap")
     if run.learned is not None:
-        lines.append(f"  learned   : {run.learned.source}: {run.learned.summary}")
+        lines.append(f"  learned   : {run.learned.summary}")
     if run.exploration is not None:
         lines.append(f"  explored  : {run.exploration.line()}")
         lines.append(f"              {run.exploration.note}")
@@ -85,8 +135,7 @@ def format_report(report: JobReport) -> str:
     or the twin's clock) apart from the wall time the worker took."""
     lines = [f"job {report.job_id}: {report.state.value}"]
     for d in report.devices:
-        cap = "none" if d.power_cap_w is None else f"{d.power_cap_w} W"
-        lines.append(f"\n{d.device_id} [{d.device_type or '?'}] power cap {cap}{SIMULATED_NOTE if d.simulated else ''}")
+        lines.append(f"\n{d.device_id} [{d.device_type or '?'}] power cap {_caps(d)}{SIMULATED_NOTE if d.simulated else ''}")
         if d.state in (PartState.failed, PartState.cancelled):
             lines.append(f"  {d.state.value}: {d.reason}")
             continue
@@ -94,17 +143,19 @@ def format_report(report: JobReport) -> str:
             lines.append(f"  {d.state.value}")
             continue
         control = d.control or ControlAxis.GPU_CLOCK_HZ
-        lines.append(_choice("edgetrain ", d.selection, d.estimated_time_to_accuracy_s, control))
-        if d.selection.note:
-            lines.append(f"              {d.selection.note}")
-        if d.baseline1:
+        lines += _headline(d, control)
+        base, base_s = (d.started.baseline1, d.started.baseline1_estimated_time_to_accuracy_s) if d.started else (
+            d.baseline1, d.baseline1_estimated_time_to_accuracy_s)  # fmt: skip
+        if base:
             speedup = d.estimated_speedup_vs_baseline1
-            lines.append(
-                _choice("baseline 1", d.baseline1, d.baseline1_estimated_time_to_accuracy_s, control)
-                + (f"  (estimated speed-up {speedup:.2f}x)" if speedup else "")
-            )
+            lines.append(_choice("baseline 1", base, base_s, control) + (f"  (estimated speed-up {speedup:.2f}x)" if speedup else ""))
+        if d.state == PartState.queued:
+            behind = f" behind job {d.behind} (fine-tuning there now)" if d.behind else ""
+            lines.append(f"  queued on the device{behind}")
         if d.achieved:
             lines += _achieved(d, report.spec.target_accuracy)
+    if any(d.baseline1 for d in report.devices):
+        lines += ["", BASELINE1_NOTE]
     return "\n".join(lines)
 
 
@@ -123,26 +174,34 @@ def format_status(status: JobStatus) -> str:
     return "\n".join(lines)
 
 
-def format_jobs(jobs: list[JobSummary]) -> str:
-    """One line per job, newest first; a job with a device that did not reach the target says so."""
-    if not jobs:
-        return "no jobs"
-    return "\n".join(
-        f"{j.job_id}  {j.state.value:<10} {j.model:<18} {j.devices:>4} device(s)  submitted {j.created_at:%Y-%m-%d %H:%M:%S}"
-        + (f"  target not reached on {j.not_reached} of {j.devices}" if j.not_reached else "")
-        for j in jobs
-    )
+def format_jobs(jobs: list[JobSummary], federated: list[FederatedStatus], limit: int) -> str:
+    """One line per job, federated or not, newest first (at most `limit`); a job with a device
+    that did not reach the target says so, one with failed parts names one and why."""
+    lines = [(j.created_at, _job_line(j)) for j in jobs] + [(f.record.created_at, federated_job_line(f)) for f in federated]
+    return "\n".join(line for _, line in sorted(lines, key=lambda at_line: at_line[0], reverse=True)[:limit]) or "no jobs"
 
 
-def format_fleet(devices: list[DeviceInfo], workers: list[LiveWorker]) -> str:
-    """The registered devices, then the live workers (role, node, queues, host, last heartbeat)."""
+def _job_line(j: JobSummary) -> str:
+    line = f"{j.job_id}  {j.state.value:<10} {j.model:<18} {j.devices:>4} device(s)  submitted {j.created_at:%Y-%m-%d %H:%M:%S}"
+    if j.not_reached:
+        line += f"  target not reached on {j.not_reached} of {j.devices}"
+    if j.failed:
+        line += f"  {j.failed} of {j.devices} failed, e.g. {j.failure}" if j.failed > 1 else f"  failed: {j.failure}"
+    return line
+
+
+def format_fleet(devices: list[DeviceInfo], workers: list[LiveWorker], caps: dict[str, DeviceCap]) -> str:
+    """The registered devices, with the cap set on each by `edgetrain cap` (`caps`), then the
+    live workers (role, node, queues, host, last heartbeat)."""
     lines = [f"devices ({len(devices)} registered):"] if devices else ["no devices registered"]
     for d in devices:
         freqs = f"{len(d.frequencies_hz)} frequencies {d.frequencies_hz[0] / 1e6:.0f}-{d.frequencies_hz[-1] / 1e6:.0f} MHz"
         sim = " SIMULATED" if d.simulated else ""
+        cap = caps.get(d.device_id)
+        set_cap = f"; cap {_watts(cap.power_cap_w)} set {cap.set_at:%Y-%m-%d %H:%M:%S} UTC (`edgetrain cap`)" if cap else ""
         lines.append(
             f"  {d.device_id:<16} {d.device_type:<20} {d.backend:<7}{sim}  {freqs}, "
-            f"{d.memory_bytes / 2**30:.1f} GiB, heartbeat {d.heartbeat_at:%H:%M:%S}"
+            f"{d.memory_bytes / 2**30:.1f} GiB, heartbeat {d.heartbeat_at:%H:%M:%S}{set_cap}"
         )
     lines.append(f"workers ({len(workers)} live):" if workers else "no live workers")
     lines += [f"  {w.role:<8} {w.node:<32} queues {','.join(w.queues):<20} host {w.hostname} pid {w.pid}, "

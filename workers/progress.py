@@ -27,7 +27,7 @@ def part_line(status: JobStatus, device_id: str) -> str:
     """What one device of a job is doing, in a few words: a fine-tune's progress, the profile
     and the estimation its part waits for, whether it reached the target, why it failed."""
     part = status.parts[device_id]
-    text = part.state.value
+    text = status.describe(device_id)
     if part.report is not None and not part.report.reached:
         text += ", target not reached"
     if (progress := status.progress.get(device_id)) and part.state in (PartState.finetuning, PartState.completed):

@@ -69,6 +69,7 @@ class Device(Protocol):
     backend: str
     simulated: bool
     control: ControlAxis
+    power_resolution_w: float  # the smallest step of a board power reading (W): one within it of a cap is not over it
 
     @property
     def frequencies_hz(self) -> list[int]:

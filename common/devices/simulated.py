@@ -29,6 +29,7 @@ class SimulatedDevice:
     def __init__(self, spec: TwinSpec, seed: int = 0):
         self.spec = spec
         self.device_type = spec.device_type
+        self.power_resolution_w = spec.noise.power_resolution_w
         self._frequency_hz = spec.frequencies_hz[-1]
         self._model: StepModel | None = None
         self._rng = random.Random(seed)

@@ -30,16 +30,16 @@ from .coordination import Coordination, claim_token, token_job
 from .federated import FederatedStore
 from .fleet import DeviceIdTaken, FleetRegistry
 from .identity import IdentityRegistry, StoreIdentity
-from .jobs import Applied, JobFinished, JobNotFoundError, JobStore, Written
+from .jobs import Applied, JobFinished, JobNotFoundError, JobStore, Tally, Written
 from .learned import LearnedStore
 from .ledger import SentTask, TaskLedger
 from .liveness import Lease, Liveness, LiveWorker, WorkerInfo
-from .monitoring import JobView, Monitoring
+from .monitoring import JobView, Monitoring, Running
 from .progress import ProgressStore
 from .resources import ResourceStore, SetAside
 
 __all__ = [
-    "Applied", "JobFinished", "Written",
+    "Applied", "JobFinished", "Running", "Tally", "Written",
     "Coordination", "DeviceIdTaken", "FederatedStore",
     "FleetRegistry", "IdentityRegistry", "JobNotFoundError", "JobStore", "JobView", "LearnedStore",
     "Lease",

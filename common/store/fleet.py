@@ -135,8 +135,13 @@ class FleetRegistry:
 
     def power_cap(self, device_id: str) -> DeviceCap | None:
         """The cap last set on `device_id`, None when none was ever set."""
-        raw = self._redis.hgetall(self._keys.device_cap(device_id))
-        if not raw:
-            return None
-        cap = raw["power_cap_w"]
-        return DeviceCap(power_cap_w=float(cap) if cap else None, version=int(raw["version"]), set_at=raw["set_at"])
+        return self.power_caps([device_id]).get(device_id)
+
+    def power_caps(self, device_ids: list[str]) -> dict[str, DeviceCap]:
+        """The caps last set on those of `device_ids` that ever had one (one round trip)."""
+        with self._redis.pipeline(transaction=False) as p:
+            for device_id in device_ids:
+                p.hgetall(self._keys.device_cap(device_id))
+            raws = p.execute()
+        return {d: DeviceCap(power_cap_w=float(raw["power_cap_w"]) if raw["power_cap_w"] else None, version=int(raw["version"]),
+                             set_at=raw["set_at"]) for d, raw in zip(device_ids, raws) if raw}  # fmt: skip

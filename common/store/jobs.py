@@ -1,14 +1,16 @@
 """Job records: the spec as submitted, each device's part, progress and the event log.
 
-A part changes only through `apply`, which runs common/part_events.py's `transition` in one
-Redis transaction with everything that follows from the change: the job's counts of parts per
-state, the device's index of unfinished jobs, the ledger of dispatched fine-tunes, the event
-log and, once every part is final, the job's `finished` event and its expiry. The attempt
+A part changes only through `apply`, which runs common/part_events.py's `transition` on the
+part as read and writes the change, only if the part is still so, in one script with
+everything that follows from it: the job's summary (parts per state), the device's index of
+unfinished jobs and of the job it runs, the ledger of dispatched fine-tunes, the event log
+and, once every part is final, the job's `finished` event and its expiry. The attempt
 running a fine-tune writes its progress and checkpoint through `attempt_write`, fenced by its
 token: a write of an attempt that no longer holds the part is refused."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import OrderedDict
@@ -46,33 +48,98 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# KEYS: the part, the job's events, then keys to set; ARGV: the attempt's token, an event (JSON
-# or ""), then one value per key to set. Sets them only while the part is fine-tuning and held
-# by that attempt; answers "gone" (no part), "stale" (another attempt holds it, or none),
-# "cancel" (written; the job asks the attempt to stop) or "ok".
+# KEYS: the part, the job's events, its summary, the part's progress and checkpoint; ARGV: the
+# attempt's token, then an event, the progress and the checkpoint (JSON, or "" for none), then
+# the events kept. Writes them only while the part is fine-tuning and held by that attempt (the
+# summary's progress totals move by what the new progress adds); answers "gone" (no part),
+# "stale" (another attempt holds it, or none), "cancel" (written; the job asks the attempt to
+# stop) or "ok".
 _FENCED_WRITE = """
 local raw = redis.call('GET', KEYS[1])
 if not raw then return 'gone' end
 local part = cjson.decode(raw)
 local attempt = part['attempt']
 if part['state'] ~= 'finetuning' or type(attempt) ~= 'table' or attempt['token'] ~= ARGV[1] then return 'stale' end
-for i = 3, #KEYS do redis.call('SET', KEYS[i], ARGV[i]) end
+if ARGV[3] ~= '' then
+  local new, old = cjson.decode(ARGV[3]), redis.call('GET', KEYS[4])
+  old = old and cjson.decode(old) or {}
+  for _, total in ipairs({'samples', 'device_time_s', 'energy_j'}) do
+    redis.call('HINCRBYFLOAT', KEYS[3], total, new[total] - (old[total] or 0))
+  end
+  redis.call('SET', KEYS[4], ARGV[3])
+end
+if ARGV[4] ~= '' then redis.call('SET', KEYS[5], ARGV[4]) end
 if ARGV[2] ~= '' then
-  redis.call('RPUSH', KEYS[2], ARGV[2])
-  redis.call('LTRIM', KEYS[2], -tonumber(ARGV[#ARGV]), -1)
+  if redis.call('RPUSH', KEYS[2], ARGV[2]) > tonumber(ARGV[5]) then redis.call('LTRIM', KEYS[2], -tonumber(ARGV[5]), -1) end
 end
 if type(part['cancel_requested_at']) == 'string' then return 'cancel' end
 return 'ok'
 """
 
 
-NOT_REACHED = "not_reached"  # a field of a job's counts: parts completed without reaching the target
+# KEYS: the part; ARGV: the part as it was read (JSON), then the writes (a JSON list of commands,
+# each a list of strings; "LOG key entry n" appends to a log kept to its newest n entries,
+# "UNSET key field value" deletes a hash's field while it holds that value). Runs the writes
+# only while the part is as read: 1 when it ran them, 0 when the part changed (or is gone) since.
+_COMPARE_AND_WRITE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+for _, command in ipairs(cjson.decode(ARGV[2])) do
+  local name = command[1]
+  if name == 'LOG' then
+    if redis.call('RPUSH', command[2], command[3]) > tonumber(command[4]) then
+      redis.call('LTRIM', command[2], -tonumber(command[4]), -1)
+    end
+  elseif name == 'UNSET' then
+    if redis.call('HGET', command[2], command[3]) == command[4] then redis.call('HDEL', command[2], command[3]) end
+  else
+    redis.call(unpack(command))
+  end
+end
+return 1
+"""
+Command = list[str]
 
 
-def _counts(raw: dict) -> tuple[dict[PartState, int], int]:
-    """A job's counts hash: parts per state, and parts completed without reaching the target."""
-    counts = {text(s): int(n) for s, n in raw.items()}
-    return {PartState(s): n for s, n in counts.items() if s != NOT_REACHED}, counts.get(NOT_REACHED, 0)
+NOT_REACHED = "not_reached"  # a field of a job's summary: parts completed without reaching the target
+CANCELLED = "cancelled_at"  # a field of a job's summary: when cancelling it was asked for
+TOTALS = ("samples", "device_time_s", "energy_j")  # fields of a job's summary: its parts' progress summed
+
+
+@dataclass(frozen=True)
+class Tally:
+    """A job's summary as Redis keeps it (one hash, changed with every part and progress write):
+    its parts per state, those completed short of the target, whether it was cancelled, and the
+    sums over its parts of their latest progress or final report (samples, device time s,
+    energy J)."""
+
+    counts: dict[PartState, int]
+    not_reached: int = 0
+    cancelled: bool = False
+    samples: float = 0.0
+    device_time_s: float = 0.0
+    energy_j: float = 0.0
+
+    @classmethod
+    def parse(cls, raw: dict) -> Tally:
+        """The summary from its hash (as HGETALL answers)."""
+        fields = {str(k): str(v) for k, v in raw.items()}
+        states = {s.value for s in PartState}
+        return cls(
+            counts={PartState(k): int(v) for k, v in fields.items() if k in states and int(v)},
+            not_reached=int(fields.get(NOT_REACHED, 0)),
+            cancelled=CANCELLED in fields,
+            **{total: float(fields.get(total, 0.0)) for total in TOTALS},
+        )
+
+    @property
+    def state(self) -> JobState:
+        """The job's state."""
+        return state_of_counts(self.counts, self.cancelled)
+
+    @property
+    def finished(self) -> bool:
+        """No part is left to finish."""
+        return not any(n > 0 for s, n in self.counts.items() if s not in TERMINAL)
 
 
 class JobNotFoundError(KeyError):
@@ -113,6 +180,7 @@ class JobStore:
     def __init__(self, client: redis.Redis, keys: Keys, retention_s: float | None = None):
         self._redis, self._keys, self.retention_s = client, keys, retention_s
         self._fenced_write = client.register_script(_FENCED_WRITE)
+        self._compare_and_write = client.register_script(_COMPARE_AND_WRITE)
         self._parsed: OrderedDict[str, tuple[bytes | str, JobRecord, dict[str, int]]] = OrderedDict()
         self._parsed_lock = threading.Lock()
 
@@ -148,9 +216,15 @@ class JobStore:
             p.execute()
         return record
 
-    def planned(self, job_id: str) -> None:
-        """The control worker took the job up (its first step ran)."""
-        self._redis.zrem(self._keys.unplanned(), job_id)
+    def take_up(self, job_id: str) -> JobRecord | None:
+        """The job's record (see `record`), struck off the jobs no control worker took up yet,
+        in one round trip; None for an unknown id."""
+        with self._redis.pipeline(transaction=False) as p:
+            p.get(self._keys.job(job_id))
+            p.zrem(self._keys.unplanned(), job_id)
+            raw, _ = p.execute()
+        parsed = self._parse(job_id, raw)
+        return parsed[1] if parsed else None
 
     def unplanned(self, before_s: float, limit: int) -> list[str]:
         """Up to `limit` jobs submitted before `before_s` (s) that no control worker took up yet
@@ -174,9 +248,10 @@ class JobStore:
         parsed = self._parse(job_id)
         return parsed[2].get(device_id) if parsed else None
 
-    def _parse(self, job_id: str) -> tuple[bytes | str, JobRecord, dict[str, int]] | None:
-        """(raw, record, position of each device id), parsed again only when the raw changed."""
-        raw = self._redis.get(self._keys.job(job_id))
+    def _parse(self, job_id: str, raw: bytes | str | None = None) -> tuple[bytes | str, JobRecord, dict[str, int]] | None:
+        """(raw, record, position of each device id), parsed again only when the raw (read now
+        unless given) changed."""
+        raw = raw if raw is not None else self._redis.get(self._keys.job(job_id))
         if not raw:
             return None
         with self._parsed_lock:
@@ -207,56 +282,69 @@ class JobStore:
             raise JobNotFoundError(f"job {job_id} has no device {missing[0]}")
         return [DevicePart.model_validate_json(raw) for raw in raws if raw is not None]
 
-    def apply(self, job_id: str, device_id: str, event: PartEvent) -> Applied:
-        """Apply `event` to the part of `device_id` (common/part_events.py decides the change) in
-        one transaction; part_events.Refused when it does not apply, JobNotFoundError when
-        there is no such part."""
-        key = self._keys.part(job_id, device_id)
+    def parts_at(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], DevicePart]:
+        """The parts of these (job, device) pairs that exist, in one command."""
+        raws = self._redis.mget([self._keys.part(j, d) for j, d in pairs]) if pairs else []
+        return {pair: DevicePart.model_validate_json(raw) for pair, raw in zip(pairs, raws) if raw}
 
-        def run(p: Pipeline) -> tuple[DevicePart, Change]:
-            raw = p.get(key)
-            if raw is None:
+    def apply(self, job_id: str, device_id: str, event: PartEvent, seen: DevicePart | None = None) -> Applied:
+        """Apply `event` to the part of `device_id` (common/part_events.py decides the change)
+        and write it, with what follows from it, only if the part did not change meanwhile (else
+        read it again and decide again): one round trip from `seen` (the part as the caller
+        read it), two otherwise. part_events.Refused when it does not apply, JobNotFoundError
+        when there is no such part."""
+        key = self._keys.part(job_id, device_id)
+        raw = seen.model_dump_json() if seen is not None else None
+        while True:
+            if raw is None and (raw := text(self._redis.get(key))) is None:
                 raise JobNotFoundError(f"job {job_id} has no device {device_id}")
-            before = DevicePart.model_validate_json(raw)
+            before = seen if seen is not None else DevicePart.model_validate_json(raw)
             change = transition(before, event, utc_now())
             if change.part == before:
-                p.unwatch()
-                return before, change
-            p.multi()
-            self._write(p, job_id, before, change)
-            return before, change
-
-        before, change = self._transaction(key, run)
+                break
+            reported = change.part.report is not None and before.report is None
+            last = self._redis.get(self._keys.progress(job_id, device_id)) if reported else None  # only the attempt ending now writes it
+            writes = self._write(job_id, before, change, FinetuneProgress.model_validate_json(last) if last else None)
+            if self._compare_and_write(keys=[key], args=[raw, json.dumps(writes)]):
+                break
+            raw, seen = None, None  # changed since it was read
         if change.part.state == PartState.failed and before.state != PartState.failed:  # every failure passes here
             logger.warning("job %s, %s failed: %s", job_id, device_id, change.part.reason)
         finished = self._finished(job_id) if change.part.state in TERMINAL and before.state not in TERMINAL else None
         return Applied(before, change, finished)
 
-    def _write(self, p: Pipeline, job_id: str, before: DevicePart, change: Change) -> None:
-        """Queue the writes of `change` (inside the part's transaction)."""
+    def _write(self, job_id: str, before: DevicePart, change: Change, last: FinetuneProgress | None) -> list[Command]:
+        """The writes of `change`, as Redis commands; `last`: the part's progress before a
+        report that ends it."""
         after, device_id, k = change.part, before.device_id, self._keys
-        p.set(k.part(job_id, device_id), after.model_dump_json())
+        summary, member = k.job_states(job_id), f"{job_id}/{device_id}"
+        writes = [["SET", k.part(job_id, device_id), after.model_dump_json()]]
         if after.state != before.state:
-            p.hincrby(k.job_states(job_id), before.state.value, -1)
-            p.hincrby(k.job_states(job_id), after.state.value, 1)
-            p.smove(k.parts_in(job_id, before.state.value), k.parts_in(job_id, after.state.value), device_id)
+            writes += [["HINCRBY", summary, before.state.value, "-1"], ["HINCRBY", summary, after.state.value, "1"],
+                       ["SMOVE", k.parts_in(job_id, before.state.value), k.parts_in(job_id, after.state.value), device_id]]  # fmt: skip
             if after.report is not None and not after.report.reached:
-                p.hincrby(k.job_states(job_id), NOT_REACHED, 1)
-        member = f"{job_id}/{device_id}"
+                writes.append(["HINCRBY", summary, NOT_REACHED, "1"])
+        if after.report is not None and before.report is None:  # the totals hold the final figures from now on
+            final = (after.report.samples_processed, after.report.device_time_s, after.report.energy_j)
+            writes += [["HINCRBYFLOAT", summary, total, repr(value - (getattr(last, total) if last else 0.0))]
+                       for total, value in zip(TOTALS, final)]  # fmt: skip
+        if before.attempt is None and after.attempt is not None:
+            writes.append(["HSET", k.running(), device_id, job_id])
+        elif before.attempt is not None and after.attempt is None:  # unless another job's attempt runs there since
+            writes.append(["UNSET", k.running(), device_id, job_id])
         if after.state in TERMINAL:
-            p.srem(k.device_jobs(device_id), job_id)
-            p.zrem(k.dispatched(), member)
+            writes += [["SREM", k.device_jobs(device_id), job_id], ["ZREM", k.dispatched(), member]]
         elif before.state in TERMINAL:  # planned again
-            p.sadd(k.device_jobs(device_id), job_id)
-            p.delete(k.once(f"finished:{job_id}"))
-            self._persist(p, job_id)
+            writes += [["SADD", k.device_jobs(device_id), job_id], ["DEL", k.once(f"finished:{job_id}")]]
+            writes += [["PERSIST", key] for key in self._job_keys(job_id)]
         if after.dispatch is not None and (before.dispatch is None or before.dispatch.token != after.dispatch.token):
-            p.zadd(k.dispatched(), {member: after.updated_at.timestamp()})
+            writes.append(["ZADD", k.dispatched(), repr(after.updated_at.timestamp()), member])
         elif after.dispatch is None and before.dispatch is not None:
-            p.zrem(k.dispatched(), member)
+            writes.append(["ZREM", k.dispatched(), member])
         if change.message is not None and change.kind is not None:
-            self._log(p, job_id, JobEvent(kind=change.kind, device_id=device_id, message=change.message, at=after.updated_at,
-                                          fields=change.fields))  # fmt: skip
+            event = JobEvent(kind=change.kind, device_id=device_id, message=change.message, at=after.updated_at, fields=change.fields)
+            writes.append(["LOG", k.events(job_id), event.model_dump_json(), str(MAX_EVENTS_KEPT)])
+        return writes
 
     def _log(self, p: Pipeline, job_id: str, event: JobEvent) -> None:
         p.rpush(self._keys.events(job_id), event.model_dump_json())
@@ -265,12 +353,12 @@ class JobStore:
     def _finished(self, job_id: str) -> JobState | None:
         """The job's state if no part of it is left to finish (its `finished` event is logged and
         its keys set to expire, once per finish), else None."""
-        counts = self.states(job_id)
-        if any(n > 0 for s, n in counts.items() if s not in TERMINAL):
+        tally = self.tallies([job_id])[job_id]
+        if not tally.finished:
             return None
         if not self._redis.set(self._keys.once(f"finished:{job_id}"), "1", nx=True):
             return None
-        state = state_of_counts(counts)
+        state = tally.state
         with self._redis.pipeline() as p:
             self._log(p, job_id, JobEvent(kind=EventKind.finished, message=f"finished: {state.value}"))
             if self.retention_s is not None:
@@ -289,13 +377,22 @@ class JobStore:
         by_state = [k.parts_in(job_id, s.value) for s in PartState]
         return [k.job(job_id), k.events(job_id), k.job_states(job_id), k.once(f"finished:{job_id}"), *by_state, *per_device]
 
-    def _persist(self, p: Pipeline, job_id: str) -> None:
-        for key in self._job_keys(job_id):
-            p.persist(key)
-
     def states(self, job_id: str) -> dict[PartState, int]:
         """How many of the job's parts are in each state (one round trip)."""
-        return _counts(self._redis.hgetall(self._keys.job_states(job_id)))[0]
+        return self.tallies([job_id])[job_id].counts
+
+    def tallies(self, job_ids: list[str]) -> dict[str, Tally]:
+        """The summary of each of `job_ids` (one round trip; an unknown job's is empty)."""
+        with self._redis.pipeline(transaction=False) as p:
+            for job_id in job_ids:
+                p.hgetall(self._keys.job_states(job_id))
+            return {job_id: Tally.parse(raw) for job_id, raw in zip(job_ids, p.execute())}
+
+    def running_on(self, device_ids: list[str]) -> dict[str, str]:
+        """The job whose fine-tune an attempt runs on each of `device_ids` that runs one now
+        (the latest started; one command)."""
+        jobs = self._redis.hmget(self._keys.running(), device_ids) if device_ids else []
+        return {d: text(job) for d, job in zip(device_ids, jobs) if job}  # type: ignore[misc]
 
     def attempt_write(
         self, job_id: str, device_id: str, attempt: str, progress: FinetuneProgress | None = None,
@@ -304,11 +401,11 @@ class JobStore:
         """Write what a running attempt measured (its progress, its checkpoint, an event for the
         log), only while it holds the part (see `Written`)."""
         k = self._keys
-        sets = [(k.progress(job_id, device_id), progress), (k.checkpoint(job_id, device_id), checkpoint)]
-        keys = [k.part(job_id, device_id), k.events(job_id)] + [key for key, value in sets if value is not None]
+        keys = [k.part(job_id, device_id), k.events(job_id), k.job_states(job_id), k.progress(job_id, device_id),
+                k.checkpoint(job_id, device_id)]  # fmt: skip
         logged = JobEvent(kind=event[0], device_id=device_id, message=event[1]).model_dump_json() if event else ""
-        args = [attempt, logged] + [value.model_dump_json() for _, value in sets if value is not None] + [MAX_EVENTS_KEPT]
-        return Written(text(self._fenced_write(keys=keys, args=args)))
+        values = [value.model_dump_json() if value is not None else "" for value in (progress, checkpoint)]
+        return Written(text(self._fenced_write(keys=keys, args=[attempt, logged, *values, MAX_EVENTS_KEPT])))
 
     def device_jobs(self, device_id: str) -> list[str]:
         """Jobs with an unfinished part on `device_id`."""
@@ -367,17 +464,17 @@ class JobStore:
                 p.mget([self._keys.progress(job_id, d) for d in ids])
             raw_events, raw_counts, *per_device = p.execute()
         raw_parts, raw_progress = per_device or ([], [])
-        counts = _counts(raw_counts)[0]
+        tally = Tally.parse(raw_counts)
         return JobStatus(
             job_id=job_id,
-            state=state_of_counts(counts),
+            state=tally.state,
             spec=record.spec,
             parts={d: DevicePart.model_validate_json(raw) for d, raw in zip(ids, raw_parts) if raw},
             progress={d: FinetuneProgress.model_validate_json(raw) for d, raw in zip(ids, raw_progress) if raw},
             created_at=record.created_at,
             events=[JobEvent.model_validate_json(raw) for raw in raw_events],
             cancelled_at=record.cancelled_at,
-            counts=counts,
+            counts=tally.counts,
         )
 
     def devices_in(self, job_id: str, state: PartState) -> list[str]:
@@ -389,8 +486,9 @@ class JobStore:
         return sorted(members, key=parsed[2].__getitem__)
 
     def summaries(self, limit: int = 100) -> list[JobSummary]:
-        """The newest `limit` jobs, newest first, with their state (two round trips); jobs whose
-        record expired are dropped from the list."""
+        """The newest `limit` jobs, newest first, with their state and, for a job with failed
+        parts, one of them and why it failed (at most three round trips); jobs whose record
+        expired are dropped from the list."""
         ids = [j for j in texts(self._redis.zrevrange(self._keys.jobs(), 0, limit - 1)) if is_id(j)]  # a member written past the client
         with self._redis.pipeline(transaction=False) as p:
             for job_id in ids:
@@ -400,17 +498,27 @@ class JobStore:
         gone = [j for j, raw in zip(ids, raws[::2]) if raw is None]
         if gone:
             self._redis.zrem(self._keys.jobs(), *gone)
-        summaries = []
-        for raw, counts in zip(raws[::2], raws[1::2]):
-            if raw is None:
-                continue
-            record = JobRecord.model_validate_json(raw)
-            states, not_reached = _counts(counts)
-            summaries.append(JobSummary(
-                job_id=record.job_id, state=state_of_counts(states), model=record.spec.model, devices=len(record.spec.devices),
-                created_at=record.created_at, not_reached=not_reached,
-            ))  # fmt: skip
-        return summaries
+        kept = [(JobRecord.model_validate_json(raw), Tally.parse(counts)) for raw, counts in zip(raws[::2], raws[1::2]) if raw]
+        failed = [r.job_id for r, tally in kept if tally.counts.get(PartState.failed)]
+        failures = dict(zip(failed, self._one_failed(failed)))
+        return [JobSummary(
+            job_id=record.job_id, state=tally.state, model=record.spec.model, devices=len(record.spec.devices),
+            created_at=record.created_at, not_reached=tally.not_reached, failed=tally.counts.get(PartState.failed, 0),
+            failure=failures.get(record.job_id),
+        ) for record, tally in kept]  # fmt: skip
+
+    def _one_failed(self, job_ids: list[str]) -> list[str | None]:
+        """For each job, one of its failed parts and why, "device: reason" (two round trips)."""
+        if not job_ids:
+            return []
+        with self._redis.pipeline(transaction=False) as p:
+            for job_id in job_ids:
+                p.srandmember(self._keys.parts_in(job_id, PartState.failed.value))
+            devices = [text(d) for d in p.execute()]
+        keys = [self._keys.part(j, d) for j, d in zip(job_ids, devices) if d]
+        parts = iter(self._redis.mget(keys) if keys else [])
+        found = [DevicePart.model_validate_json(raw) if d and (raw := next(parts)) else None for d in devices]
+        return [f"{part.device_id}: {part.reason}" if part else None for part in found]
 
     def cancel(self, job_id: str) -> JobRecord:
         """Record that cancelling the job was asked for (the planner then stops each part).
@@ -423,16 +531,18 @@ class JobStore:
             if raw is None:
                 raise JobNotFoundError(f"no job {job_id!r}")
             record = JobRecord.model_validate_json(raw)
-            counts = _counts(p.hgetall(self._keys.job_states(job_id)))[0]
-            if not any(n > 0 for s, n in counts.items() if s not in TERMINAL):
+            tally = Tally.parse(p.hgetall(self._keys.job_states(job_id)))
+            if tally.finished:
                 p.unwatch()
-                raise JobFinished(f"job {job_id} has already finished ({state_of_counts(counts).value}): nothing to cancel")
+                raise JobFinished(f"job {job_id} has already finished ({tally.state.value}): nothing to cancel")
             if record.cancelled_at is not None:
                 p.unwatch()
                 return record
-            record = record.model_copy(update={"cancelled_at": utc_now()})
+            now = utc_now()
+            record = record.model_copy(update={"cancelled_at": now})
             p.multi()
             p.set(key, record.model_dump_json())
+            p.hset(self._keys.job_states(job_id), CANCELLED, now.isoformat())
             self._log(p, job_id, JobEvent(kind=EventKind.cancelled, message="cancel requested"))
             return record
 
@@ -444,8 +554,7 @@ class JobStore:
         cutoff = utc_now().timestamp() - older_than_s
         pruned = []
         for job_id in texts(self._redis.zrangebyscore(self._keys.jobs(), "-inf", cutoff)):
-            counts = self.states(job_id)
-            if any(n > 0 for s, n in counts.items() if s not in TERMINAL):
+            if not self.tallies([job_id])[job_id].finished:
                 continue
             keys = self._job_keys(job_id)
             with self._redis.pipeline() as p:

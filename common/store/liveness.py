@@ -55,26 +55,42 @@ class Lease(Strict):
     started_at: datetime = Field(default_factory=utc_now)
 
 
-# KEYS: the leases zset, then one lease key per task; ARGV: the time, then one attempt token
-# per task, then the action ("renew" or "release"). Acts on a lease only while that attempt
-# holds it (a newer run of the task may hold it now); answers how many it acted on.
-_HELD_LEASES = """
-local acted = 0
-local action = ARGV[#ARGV]
+# KEYS: the leases zset, then one lease key per task; ARGV: the prefix of lease keys, then one
+# attempt token per task. Renews a lease (Redis time) only while that attempt holds it (a newer
+# run of the task may hold it now); answers how many it renewed.
+_RENEW = """
+local renewed = 0
+local now = redis.call('TIME')
 for i = 2, #KEYS do
   local raw = redis.call('GET', KEYS[i])
   if raw and cjson.decode(raw)['attempt'] == ARGV[i] then
-    local task_id = string.sub(KEYS[i], #ARGV[1] + 1)
-    if action == 'renew' then
-      redis.call('ZADD', KEYS[1], 'XX', ARGV[1 + #KEYS], task_id)
-    else
-      redis.call('ZREM', KEYS[1], task_id)
-      redis.call('DEL', KEYS[i])
-    end
-    acted = acted + 1
+    redis.call('ZADD', KEYS[1], 'XX', now[1] + now[2] / 1e6, string.sub(KEYS[i], #ARGV[1] + 1))
+    renewed = renewed + 1
   end
 end
-return acted
+return renewed
+"""
+
+# KEYS: the leases zset, the lease; ARGV: the task id, the lease (JSON). Takes it, renewed now (Redis time).
+_TAKE = """
+local now = redis.call('TIME')
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('ZADD', KEYS[1], now[1] + now[2] / 1e6, ARGV[1])
+"""
+
+# KEYS: the leases zset, the lease, the ledger of sent tasks, its entry for the task; ARGV: the
+# task id, the attempt token ("" for none), "1" to strike the task off the ledger. Releases the
+# lease while that attempt holds it; answers 1 when it released it.
+_RELEASE = """
+local released = 0
+local raw = ARGV[2] ~= '' and redis.call('GET', KEYS[2])
+if raw and cjson.decode(raw)['attempt'] == ARGV[2] then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('DEL', KEYS[2])
+  released = 1
+end
+if ARGV[3] == '1' and redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then redis.call('DEL', KEYS[4]) end
+return released
 """
 
 
@@ -83,7 +99,7 @@ class Liveness:
 
     def __init__(self, client: redis.Redis, keys: Keys):
         self._redis, self._keys = client, keys
-        self._held_leases = client.register_script(_HELD_LEASES)
+        self._renew, self._take, self._release = (client.register_script(s) for s in (_RENEW, _TAKE, _RELEASE))
 
     def now(self) -> float:
         """The Redis server's time (s since the epoch)."""
@@ -143,29 +159,31 @@ class Liveness:
     # ------------------------------------------------------------------ task leases
 
     def take(self, lease: Lease) -> None:
-        """Record that `lease.task_id` runs now, renewed now."""
-        now = self.now()
-        with self._redis.pipeline() as p:
-            p.set(self._keys.lease(lease.task_id), lease.model_dump_json())
-            p.zadd(self._keys.leases(), {lease.task_id: now})
-            p.execute()
-
-    def _held(self, attempts: dict[str, str], action: str) -> int:
-        if not attempts:
-            return 0
-        prefix = self._keys.lease("")
-        keys = [self._keys.leases(), *(self._keys.lease(t) for t in attempts)]
-        return int(self._held_leases(keys=keys, args=[prefix, *attempts.values(), self.now(), action]))
+        """Record that `lease.task_id` runs now, renewed now (one round trip)."""
+        self._take(keys=[self._keys.leases(), self._keys.lease(lease.task_id)], args=[lease.task_id, lease.model_dump_json()])
 
     def renew(self, attempts: dict[str, str]) -> None:
         """Renew the leases of the tasks this process runs (task id -> its run's attempt token),
         those its runs still hold (one released, or taken by a newer run, stays so)."""
-        self._held(attempts, "renew")
+        if attempts:
+            keys = [self._keys.leases(), *(self._keys.lease(t) for t in attempts)]
+            self._renew(keys=keys, args=[self._keys.lease(""), *attempts.values()])
 
     def release(self, task_id: str, attempt: str) -> bool:
-        """The run `attempt` of the task finished (whatever its outcome): forget its lease,
-        unless a newer run holds it; True when released."""
-        return bool(self._held({task_id: attempt}, "release"))
+        """The run `attempt` of the task ended: forget its lease, unless a newer run holds it;
+        True when released."""
+        return self._ended(task_id, attempt, struck_off=False)
+
+    def finish(self, task_id: str, attempt: str | None) -> bool:
+        """The run `attempt` of the task finished (whatever its outcome; None: it held no lease):
+        release its lease and strike the task off the ledger of sent tasks (it ran), in one
+        round trip; True when the lease was released."""
+        return self._ended(task_id, attempt, struck_off=True)
+
+    def _ended(self, task_id: str, attempt: str | None, struck_off: bool) -> bool:
+        k = self._keys
+        keys = [k.leases(), k.lease(task_id), k.sent_tasks(), k.sent(task_id)]
+        return bool(self._release(keys=keys, args=[task_id, attempt or "", "1" if struck_off else ""]))
 
     def lease(self, task_id: str) -> Lease | None:
         """The lease of a running task, if it holds one."""

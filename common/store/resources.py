@@ -8,6 +8,8 @@ stored, so the next job profiles or estimates it again instead of failing on it.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
 from typing import TypeVar
@@ -17,6 +19,7 @@ from pydantic import Field, ValidationError
 from redis.client import NEVER_DECODE
 
 from ..keys import Keys, pretrained_key, table_id, vector_key
+from ..limits import RECORDS_KEPT
 from ..payloads import PretrainRequest, PretrainResult
 from ..schemas import EstimationRequest, ProfileTable, RelationVector, Strict, TrainingOutcome, utc_now
 
@@ -75,6 +78,8 @@ class ResourceStore:
 
     def __init__(self, client: redis.Redis, keys: Keys):
         self._redis, self._keys = client, keys
+        self._parsed: OrderedDict[str, tuple[bytes, Strict]] = OrderedDict()  # key -> (raw, record): parsed once while it stays
+        self._parsed_lock = threading.Lock()
 
     def _put(self, key: str, record: Strict) -> None:
         """Store `record` under `key`; ValidationError (nothing stored) unless it loads again."""
@@ -86,11 +91,26 @@ class ResourceStore:
         """The record under `key`, or None when not stored or set aside now (see `_set_aside`)."""
         try:
             raw = _get_bytes(self._redis, key)
-            return model.model_validate_json(raw) if raw is not None else None
+            return self._parse(key, raw, model) if raw is not None else None
         except Exception as exc:
             if not _unloadable(exc):
                 raise
         return self._set_aside(key, model, on_set_aside)
+
+    def _parse(self, key: str, raw: bytes, model: type[RecordT]) -> RecordT:
+        """The record of `raw`, parsed again only when the raw under `key` changed (a control
+        worker reads a table and a vector for every job it plans)."""
+        with self._parsed_lock:
+            kept = self._parsed.get(key)
+        if kept is not None and kept[0] == raw and isinstance(kept[1], model):
+            return kept[1]
+        record = model.model_validate_json(raw)
+        with self._parsed_lock:
+            self._parsed[key] = (raw, record)
+            self._parsed.move_to_end(key)
+            while len(self._parsed) > RECORDS_KEPT:
+                self._parsed.popitem(last=False)
+        return record
 
     def _set_aside(self, key: str, model: type[RecordT], on_set_aside: OnSetAside | None) -> RecordT | None:
         """Read `key` again under WATCH and, if it still does not load, move it (whatever its

@@ -15,6 +15,7 @@ class RecordedDevice:
 
     device_type, backend, simulated = "recorded", "recorded", True
     control = ControlAxis.GPU_CLOCK_HZ
+    power_resolution_w = 0.0
     power_envelope_w: list[float] | None = None
     memory_bytes = 1
     software: dict[str, str] = {}

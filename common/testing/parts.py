@@ -23,19 +23,20 @@ from edgetrain.common.store import Store
 def drive_part(store: Store, job_id: str, device_id: str, state: PartState, selection: Selection | None = None,
                report: RunReport | None = None, reason: str = "failed on purpose", attempt: str = "a1",
                device_type: str = "jetson-nano") -> DevicePart:  # fmt: skip
-    """Move the part from pending to `state`: profiling, estimating, fine-tuning (dispatched with
-    `selection` and run by attempt `attempt`), completed (with `report`), failed or cancelled
-    (with `reason`). Returns the part as stored."""
+    """Move the part from pending to `state`: profiling, estimating, queued (dispatched with
+    `selection`), fine-tuning (and run by attempt `attempt`), completed (with `report`), failed
+    or cancelled (with `reason`). Returns the part as stored."""
     identity = Identified(device_type=device_type, simulated=True, control=ControlAxis.GPU_CLOCK_HZ)
     if state in (PartState.profiling, PartState.estimating):
         store.jobs.apply(job_id, device_id, Prepared(state=state, device=identity))
-    if state in (PartState.finetuning, PartState.completed):
+    if state in (PartState.queued, PartState.finetuning, PartState.completed):
         record = store.jobs.record(job_id)
         assert record is not None and selection is not None, "a fine-tune needs its job and a selection"
         target = next(t for t in record.spec.devices if t.device_id == device_id)
         request = finetune_request(job_id, record.spec, target, selection, "table", "vector")
         store.jobs.apply(job_id, device_id, Dispatched(device=identity, token=f"task-{job_id}", request=request, selection=selection,
                                                        estimated_time_to_accuracy_s=None))  # fmt: skip
+    if state in (PartState.finetuning, PartState.completed):
         store.jobs.apply(job_id, device_id, AttemptStarted(dispatch=f"task-{job_id}", digest=request_digest(request), attempt=attempt,
                                                            node=f"device-{device_id}@host"))  # fmt: skip
     if state == PartState.completed:

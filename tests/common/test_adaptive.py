@@ -80,6 +80,14 @@ def test_guard_steps_down_at_once_on_an_over_cap_reading_and_up_after_a_sustaine
     assert levels == [1, 1, 2] and guard.report.step_ups == 1
 
 
+def test_a_reading_within_the_sensor_s_resolution_of_the_cap_steps_down_but_is_not_over_it() -> None:
+    guard, row = PowerGuard(recover_s=3.0, resolution_w=0.1), TABLE.peak_power_w[1]
+    assert guard.observe(region(5.05), 5.0, row, 2, 2) == 1  # the guard keeps on the safe side
+    assert guard.report.over_cap_s == 0 and guard.report.peak_over_cap_w == 0 and guard.report.over_cap_w is None
+    guard.observe(region(5.3), 5.0, row, 1, 2)
+    assert guard.report.over_cap_s == 1.0 and (guard.report.peak_over_cap_w, guard.report.over_cap_w) == (5.3, 5.0)
+
+
 def test_guard_stays_down_while_the_drift_would_put_the_level_above_over_the_cap() -> None:
     guard, row = PowerGuard(recover_s=1.0), TABLE.peak_power_w[1]
     assert guard.observe(region(5.5), 5.0, row, 2, 2) == 1  # +10 % over the table

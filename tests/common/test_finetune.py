@@ -4,15 +4,17 @@ the store would (the attempt holds its part, the job is cancelled, another attem
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
 from edgetrain.common.finetune import CancelledRun, FineTune, Options, Stopping, Superseded
-from edgetrain.common.jobs import CheckpointRef, EventKind
+from edgetrain.common.jobs import CheckpointRef, EventKind, Started
 from edgetrain.common.learned import DataIdentity
 from edgetrain.common.payloads import finetune_request
 from edgetrain.common.presets import quick_job
-from edgetrain.common.schemas import JobSpec, ProfileTable, RelationVector, Selection
+from edgetrain.common.schemas import JobSpec, ProfileTable, RelationVector, Selection, VectorProvenance
 from edgetrain.common.selection import Robust
 from edgetrain.common.store import Written
 
@@ -34,6 +36,7 @@ class Writer:
     def __init__(self, answer: Written = Written.ok, answer_from: int = 0, checkpoints_only: bool = False):
         self.answer, self.answer_from, self.checkpoints_only = answer, answer_from, checkpoints_only
         self.writes: list[tuple] = []
+        self.begun: list[Started] = []
 
     def write(self, progress=None, checkpoint=None, event=None) -> Written:
         self.writes.append((progress, checkpoint, event))
@@ -41,6 +44,10 @@ class Writer:
         return self.answer if due else Written.ok
 
     def notice(self, notice):
+        return Written.ok
+
+    def started(self, started: Started) -> Written:
+        self.begun.append(started)
         return Written.ok
 
     def checkpoints(self) -> list[CheckpointRef]:
@@ -124,6 +131,19 @@ def test_a_checkpoint_that_cannot_be_written_is_a_warning_once_and_the_run_goes_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # no temporary file left behind
 
 
+def test_the_report_names_learned_r_b_only_where_they_chose_what_ran(tmp_path) -> None:
+    prior = RelationVector(batch_sizes=[32, 128], ratios=[0.5, 1.0], key="proxy")
+    learned = VectorProvenance(source="learned", summary="r_b 32: 0.50, 128: 1.00 (2 record(s))")
+    recipe, _ = run(Writer(), tmp_path)
+    recipe.vector = prior  # it started from the proxy's r_b; records kept since gave the loop a belief
+    recipe.loop = SimpleNamespace(provenance=lambda: learned, decisions=[])  # type: ignore[assignment]
+    assert recipe._learned() is None  # nothing it decided came from them
+    recipe.loop = SimpleNamespace(provenance=lambda: learned, decisions=["a switch for evidence"])  # type: ignore[assignment]
+    assert recipe._learned() == learned
+    recipe.vector, recipe.loop = prior.model_copy(update={"provenance": learned}), None  # it started from records of this data
+    assert recipe._learned() == learned
+
+
 def test_a_first_job_runs_the_largest_batch_where_only_a_proxy_found_far_off_elsewhere_favours_a_slower_one(tmp_path) -> None:
     # per sample b=32 takes 1.5x b=128's time: only the proxy's r_32 = 0.5 makes it faster; no
     # run on this data measured either, and the proxy's r_b were far off on other data (trust width
@@ -144,7 +164,10 @@ def test_a_first_job_runs_the_largest_batch_where_only_a_proxy_found_far_off_els
     [switch] = [s for s in report.switches if s.cause == "evidence"]
     assert (switch.samples, switch.old_batch_size, switch.new_batch_size) == (0, 32, 128)
     assert "b=128: the fastest expected that is safe against Baseline 1" in (switch.note or "") and "within 80%" in (switch.note or "")
-    assert any("safe against Baseline 1" in text for _, text in writer.events())
+    [begun] = writer.begun  # what its report's headline names, beside the plan
+    assert begun.selection.batch_size == 128 and "safe against Baseline 1" in (begun.selection.note or "")
+    assert begun.estimated_time_to_accuracy_s == pytest.approx(1.0) and begun.vector == "the proxy's r_b"
+    assert not [text for _, text in writer.events() if "safe against Baseline 1" in text]  # said once, as the start
     trusting = FineTune(finetune_request("j2", spec, spec.devices[0], choice, "none", "none"), SimulatedDevice(TWIN, seed=0), Writer(),
                         Options(attempt="b" * 32, artifact_dir=tmp_path, table=table, vector=prior,
                                 data=DataIdentity(name="mnist5k", fraction=0.2)))  # fmt: skip

@@ -6,13 +6,14 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from edgetrain.common.control_axis import ControlAxis
-from edgetrain.common.jobs import TERMINAL, DevicePart, EventKind, PartState
+from edgetrain.common.jobs import TERMINAL, DevicePart, EventKind, PartState, Started
 from edgetrain.common.part_events import (
     AttemptCancelled,
     AttemptFailed,
     AttemptFinished,
     AttemptLost,
     AttemptNoticed,
+    AttemptSelected,
     AttemptStarted,
     AttemptStopped,
     Cancelled,
@@ -68,9 +69,31 @@ def test_a_dispatch_records_the_selection_the_token_and_a_log_line() -> None:
     change = transition(part(PartState.profiling), Dispatched(device=IDENTITY, token="t1", request=REQUEST, selection=CHOICE,
                                                               estimated_time_to_accuracy_s=2.0), NOW)  # fmt: skip
     p = change.part
-    assert p.state == PartState.finetuning and p.dispatch.token == "t1" and p.dispatch.request == REQUEST
+    assert p.state == PartState.queued and p.dispatch.token == "t1" and p.dispatch.request == REQUEST
     assert p.selection == CHOICE and p.device_type == "twin" and p.attempt is None and p.updated_at == NOW
-    assert change.kind == EventKind.selected and "b=16" in change.message
+    assert change.kind == EventKind.selected and "b=16" in change.message and "queued on the device" in change.message
+
+
+def test_a_dispatched_fine_tune_is_queued_on_the_device_until_an_attempt_takes_it_up() -> None:
+    queued = dispatched()
+    assert queued.state == PartState.queued and queued.attempt is None
+    running = apply(queued, started())
+    assert running.state == PartState.finetuning and running.attempt.token == "a1"
+    with pytest.raises(Refused, match="applies only when it is finetuning"):  # only a running attempt has notices
+        transition(queued, AttemptNoticed(attempt="a1", notice="x"), NOW)
+    assert apply(running, AttemptLost(attempt="a1", outcome="re-queued")).state == PartState.queued
+
+
+def test_an_attempt_that_starts_at_another_configuration_than_the_plan_says_which_and_why() -> None:
+    chosen = Selection(batch_size=128, frequency_hz=900, estimated_time_s=0.8, peak_power_w=4.5, note="evidence: records")
+    event = AttemptSelected(attempt="a1", started=Started(selection=chosen, estimated_time_to_accuracy_s=1.5, vector="learned"))
+    change = transition(apply(dispatched(), started()), event, NOW)
+    assert change.part.started.selection == chosen and change.part.selection == CHOICE and change.kind == EventKind.started
+    assert "b=128" in change.message and "planned b=16" in change.message and "evidence: records" in change.message
+    with pytest.raises(Refused, match="no longer holds"):
+        transition(change.part, event.model_copy(update={"attempt": "a0"}), NOW)
+    again = apply(change.part, AttemptFailed(attempt="a1", reason="x"), Requeued())
+    assert again.started is None and again.selection is None
 
 
 def test_an_attempt_is_accepted_only_for_the_dispatched_task_and_request() -> None:
@@ -88,7 +111,7 @@ def test_an_attempt_is_accepted_only_for_the_dispatched_task_and_request() -> No
 
 def test_a_lost_attempt_lets_a_new_one_in_and_the_old_one_is_refused_whatever_it_writes() -> None:
     p = apply(dispatched(), started("a1"), AttemptLost(attempt="a1", outcome="re-queued"))
-    assert p.attempt is None and p.state == PartState.finetuning and "re-queued" in p.waiting
+    assert p.attempt is None and p.state == PartState.queued and "re-queued" in p.waiting
     resumed = transition(p, started("a2").model_copy(update={"lost_device_time_s": 0.5, "resumed_at_samples": 256}), NOW)
     assert resumed.fields == {"attempt": 2, "samples": 256}  # what programs read of the log line
     p = resumed.part
@@ -142,7 +165,7 @@ def test_cancel_is_at_once_without_an_attempt_and_a_request_with_one() -> None:
 
 def test_a_stopped_attempt_keeps_the_part_for_the_next_worker() -> None:
     p = apply(dispatched(), started(), AttemptStopped(attempt="a1", reason="its worker is shutting down"))
-    assert p.state == PartState.finetuning and p.attempt is None and "continues from its checkpoint" in p.waiting
+    assert p.state == PartState.queued and p.attempt is None and "continues from its checkpoint" in p.waiting
     assert apply(p, started("a2")).attempt.number == 2
 
 

@@ -57,14 +57,15 @@ def effects(step: Step, kind: type) -> list:
 
 def dispatched(step: Step) -> Dispatched:
     assert isinstance(step.event, Dispatched), step
-    assert step.effects[0] == SendFineTune("t1", step.event.request) and step.event.token == "t1"  # sent under the recorded token
+    assert step.effects[0] == SendFineTune("t1", step.event.request, step.event.device.control) and step.event.token == "t1"  # its token
     return step.event
 
 
-def test_a_final_part_changes_nothing_and_a_running_one_keeps_its_notice() -> None:
+def test_a_final_part_changes_nothing_and_a_queued_or_running_one_keeps_its_notice() -> None:
     for state in (PartState.completed, PartState.failed):
         assert plan(view(state=state)) == Step(None)
-    assert plan(view(state=PartState.finetuning)) == Step(Waiting(notice=None))
+    for state in (PartState.queued, PartState.finetuning):
+        assert plan(view(state=state)) == Step(Waiting(notice=None))
 
 
 def test_a_device_not_registered_yet_waits_the_job_s_grace_from_the_submission_then_fails_naming_the_registered_ones() -> None:

@@ -1,6 +1,8 @@
+from collections import Counter
+
 import pytest
 
-from edgetrain.common.jobs import DevicePart, JobState, PartState, job_state
+from edgetrain.common.jobs import JobState, PartState, state_of_counts
 from edgetrain.common.presets import QUICK_JOB, quick_job
 from edgetrain.common.schemas import LearningRatePolicy
 from edgetrain.tasks.client import JobSpecError, validate_job
@@ -53,12 +55,15 @@ def test_square_root_learning_rate_rule() -> None:
     assert LearningRatePolicy(rule="linear").lr_for(64) == pytest.approx(2.5e-4)
 
 
-def test_job_state_is_derived_from_parts() -> None:
-    def part(state):
-        return DevicePart(device_id="d", power_cap_w=None, state=state)
+def test_job_state_is_derived_from_its_parts_states() -> None:
+    def job_state(*states: PartState, cancelled: bool = False) -> JobState:
+        return state_of_counts(Counter(states), cancelled)
 
-    assert job_state([part(PartState.pending)]) == JobState.queued
-    assert job_state([part(PartState.completed), part(PartState.finetuning)]) == JobState.running
-    assert job_state([part(PartState.completed), part(PartState.failed)]) == JobState.partial
-    assert job_state([part(PartState.failed)]) == JobState.failed
-    assert job_state([part(PartState.completed)]) == JobState.completed
+    assert job_state(PartState.pending) == JobState.queued
+    assert job_state(PartState.completed, PartState.finetuning) == JobState.running
+    assert job_state(PartState.completed, PartState.queued) == JobState.running
+    assert job_state(PartState.completed, PartState.queued, cancelled=True) == JobState.cancelling
+    assert job_state(PartState.completed, PartState.cancelled, cancelled=True) == JobState.cancelled
+    assert job_state(PartState.completed, PartState.failed) == JobState.partial
+    assert job_state(PartState.failed) == JobState.failed
+    assert job_state(PartState.completed) == JobState.completed

@@ -212,6 +212,19 @@ def test_a_part_changes_only_through_events_with_its_counts_index_and_ledger(sto
         store.jobs.apply("j1", "missing", Failed(reason="x"))
 
 
+def test_the_store_knows_which_job_each_device_runs_while_an_attempt_runs_it(store) -> None:
+    for job_id in ("first", "second"):
+        store.jobs.create(job_id, JobSpec.model_validate(quick_job()))
+    start_attempt(store, "first", "nano-1", "a1")
+    assert store.jobs.running_on(["nano-1", "tx2nx-1"]) == {"nano-1": "first"}
+    assert store.monitoring.running()["nano-1"].job_id == "first"
+    start_attempt(store, "second", "nano-1", "a2", token="t2")  # the first's attempt was lost and not let go yet
+    store.jobs.apply("first", "nano-1", AttemptFailed(attempt="a1", reason="x"))  # it ends: the second's stays known
+    assert store.jobs.running_on(["nano-1"]) == {"nano-1": "second"}
+    store.jobs.apply("second", "nano-1", AttemptFinished(attempt="a2", report=finished_report("nano-1")))
+    assert store.jobs.running_on(["nano-1"]) == {} and store.monitoring.running() == {}
+
+
 def test_the_last_part_to_finish_logs_the_job_finished_once_and_sets_its_expiry(redis_server) -> None:
     store = Store.connect(redis_server.url, "retained", job_retention_s=600)
     store.clear()

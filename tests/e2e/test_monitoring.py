@@ -93,4 +93,4 @@ def test_worker_logs_are_json_lines_naming_job_device_and_task(fleet) -> None:
     assert finetune and all(entry["device_id"] == "nano-1" and entry["task_id"] for entry in finetune)
     assert all(entry.get("job_id") == job_id for entry in finetune), finetune[:5]  # Celery's own lines about it too
     control = [json.loads(line) for line in (cluster.workdir / "logs" / "control.log").read_text().splitlines() if line.startswith("{")]
-    assert any("chose b=" in entry["message"] and entry.get("job_id") == job_id for entry in control), [e["message"] for e in control][-20:]
+    assert any("planned b=" in entry["message"] and entry.get("job_id") == job_id for entry in control), [e["message"] for e in control][-20:]

@@ -5,16 +5,14 @@ at once, and `edgetrain requeue` then completes it."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
 
-from edgetrain.common.jobs import EventKind, PartState
+from edgetrain.common.jobs import TERMINAL, EventKind, PartState
 from edgetrain.common.presets import quick_job
+from edgetrain.common.testing.flower import flower
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
 from edgetrain.workers.cluster import LocalCluster
 
@@ -33,34 +31,8 @@ def long_fine_tune(max_samples: int = 12000, **changes) -> dict:
 def fleet(tmp_path_factory):
     base = tmp_path_factory.mktemp("operator")
     env = {"EDGETRAIN_CHECKPOINT_EVERY_S": "0"}
-    with LocalCluster(base, devices={DEVICE: "sim:jetson-nano"}, env=env) as cluster:
-        port = _free_port()
-        flower = subprocess.Popen(
-            [sys.executable, "-m", "edgetrain.workers.cli", "--redis-url", cluster.redis_url, "flower", "--port", str(port)],
-            env={**os.environ, "FLOWER_UNAUTHENTICATED_API": "true"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            poll_until(lambda: _answers(f"http://127.0.0.1:{port}/api/workers") or None, 60, 0.5, "Flower")
-            yield cluster, EdgeTrainClient(cluster.redis_url), f"http://127.0.0.1:{port}/api"
-        finally:
-            flower.terminate()
-            flower.wait(timeout=30)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _answers(url: str) -> bool:
-    try:
-        urllib.request.urlopen(url, timeout=5)
-        return True
-    except OSError:
-        return False
+    with LocalCluster(base, devices={DEVICE: "sim:jetson-nano"}, env=env) as cluster, flower(cluster.redis_url) as api:
+        yield cluster, EdgeTrainClient(cluster.redis_url), api
 
 
 def press(api: str, task_id: str, terminate: bool) -> None:
@@ -75,7 +47,7 @@ def running_fine_tune(client: EdgeTrainClient, job_id: str, samples: int = 1024)
 
 
 def ended(client: EdgeTrainClient, job_id: str, state: PartState):
-    part = poll_until(lambda: (p := client.status(job_id).parts[DEVICE]).state != PartState.finetuning and p or None,
+    part = poll_until(lambda: (p := client.status(job_id).parts[DEVICE]).state in TERMINAL and p or None,
                       STOPPED_S, 0.2, f"the part of {job_id} to end")  # fmt: skip
     assert part.state == state, (part.state, part.reason)
     return part

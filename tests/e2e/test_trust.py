@@ -101,7 +101,7 @@ def test_a_warm_shutdown_checkpoints_the_fine_tune_and_the_next_worker_continues
         worker.process.wait(timeout=60)
         assert time.monotonic() - stopped_at < 30 and worker.process.returncode == 0
         part = store.jobs.part(job_id, "nano-w")
-        assert part.state == PartState.finetuning and part.attempt is None and "shutting down" in part.waiting
+        assert part.state == PartState.queued and part.attempt is None and "shutting down" in part.waiting
         kept = store.jobs.checkpoint(job_id, "nano-w")
         assert kept is not None and kept.samples >= 1024
         assert json.loads(store._redis.lindex("device.nano-w", 0))["headers"]["id"] == part.dispatch.token  # back on its queue

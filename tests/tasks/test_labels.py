@@ -20,7 +20,8 @@ def test_every_task_of_a_job_is_labelled_with_the_job() -> None:
     selection = Selection(batch_size=16, frequency_hz=844_800_000, estimated_time_s=1.0, peak_power_w=2.9)
     fine_tune = finetune_request(JOB, SPEC, SPEC.devices[0], selection, "table", "vector")
     assert isinstance(fine_tune, FinetuneRequest)
-    assert label(TaskName.finetune, body(fine_tune)) == f"edgetrain.finetune[{JOB}/nano-7 b=16 f=844800000]"
+    labelled = label(TaskName.finetune, body(fine_tune), setting="844.8 MHz")  # the device setting in its unit, as the CLI says it
+    assert labelled == f"edgetrain.finetune[{JOB}/nano-7 planned b=16 f=844.8 MHz]"
     profile = job_profile_request(claim_token(JOB), SPEC, SPEC.devices[0], NANO)  # sent under the job's claim token
     assert label(TaskName.profile_device, body(profile)) == f"edgetrain.profile_device[{JOB}/nano-7 smallcnn]"
     run = ProxyRunRequest(request=SPEC.estimation_request(), batch_size=8, seed=1, job_id=JOB)

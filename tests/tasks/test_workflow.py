@@ -2,13 +2,24 @@
 it stores, which events it logs and which task messages it leaves in the broker queues."""
 
 import random
+import threading
 
 import pytest
 import redis
 
-from edgetrain.common.jobs import DevicePart, EventKind, PartState
+from edgetrain.common.control_axis import ControlAxis
+from edgetrain.common.jobs import DevicePart, EventKind, JobState, PartState
 from edgetrain.common.keys import table_id, table_resource, vector_key, vector_resource
-from edgetrain.common.part_events import AttemptCancelled, AttemptFinished, AttemptStarted, Requeued, request_digest
+from edgetrain.common.part_events import (
+    AttemptCancelled,
+    AttemptFinished,
+    AttemptStarted,
+    Dispatched,
+    Identified,
+    Refused,
+    Requeued,
+    request_digest,
+)
 from edgetrain.common.payloads import FinetuneRequest, JobPage, ProfileRequest
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, EstimationRequest, JobSpec, RelationVector, RunReport
@@ -24,6 +35,7 @@ from edgetrain.tasks.workflow import advance_job, advance_page, fail_resource
 
 SHAPE = [1, 28, 28]
 TID = table_id("twin", "smallcnn", SHAPE)
+IDENTIFIED = Identified(device_type="twin", simulated=True, control=ControlAxis.GPU_CLOCK_HZ)
 
 
 @pytest.fixture
@@ -65,7 +77,7 @@ def kinds(s, job_id: str) -> list[EventKind]:
 def test_missing_table_and_vector_are_dispatched_once_across_jobs(s, broker) -> None:
     register(s, "d1")
     spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
-    assert advance_job("j1") == "running"
+    assert advance_job("j1") == "advanced"
     assert s.jobs.part("j1", "d1").state == PartState.profiling
     (profile,) = queued_tasks(broker, device_queue("d1"))
     assert profile.name == TaskName.profile_device.value
@@ -96,7 +108,7 @@ def test_with_table_and_vector_the_argmin_is_fine_tuned_once(s, broker) -> None:
     advance_job("j1")
     part = s.jobs.part("j1", "d1")
     _, b, f = brute_force(s.resources.table(TID), vector, 4.0)
-    assert part.state == PartState.finetuning and (part.selection.batch_size, part.selection.frequency_hz) == (b, f)
+    assert part.state == PartState.queued and (part.selection.batch_size, part.selection.frequency_hz) == (b, f)
     assert (part.device_type, part.simulated) == ("twin", True)
     (message,) = queued_tasks(broker, device_queue("d1"))
     assert message.name == TaskName.finetune.value
@@ -112,7 +124,8 @@ def test_failures_fail_the_part_and_the_job_finishes_once(s, broker) -> None:
     advance_job("j1")
     fail_resource(table_resource(TID), "profiling on d1 failed: boom")  # wakes j1 through the control queue
     assert [t.payload for t in queued_tasks(broker, "control")] == ["j1"]
-    assert advance_job("j1") == "failed"
+    advance_job("j1")
+    assert s.jobs.status("j1").state == JobState.failed
     advance_job("j1")
     status = s.jobs.status("j1")
     assert status.parts["d1"].reason == "profiling on d1 failed: boom"
@@ -134,12 +147,38 @@ def test_a_stale_table_is_reprofiled_and_said_once(s, broker) -> None:
     assert len(stale) == 1 and "torch" in stale[0].message
 
 
+def test_concurrent_advances_of_a_job_dispatch_its_fine_tune_once_without_a_lock(s, broker) -> None:
+    register(s, "d1")
+    store_resources(s, submit(s, "j1", [{"device_id": "d1", "power_cap_w": 4.0}]))
+    seen = s.jobs.part("j1", "d1")  # read by one control process while another takes the part on
+    advance_job("j1")
+    assert s.jobs.part("j1", "d1").state == PartState.queued
+    with pytest.raises(Refused, match="the part is queued"):  # decided on what it read; refused on what is stored
+        s.jobs.apply("j1", "d1", Dispatched(device=IDENTIFIED, token="t2", request=s.jobs.part("j1", "d1").dispatch.request,
+                                            selection=s.jobs.part("j1", "d1").selection, estimated_time_to_accuracy_s=None), seen)  # fmt: skip
+    threads = [threading.Thread(target=advance_job, args=("j1",)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(queued_tasks(broker, device_queue("d1"))) == 1, [e.line() for e in s.jobs.status("j1").events]
+    assert kinds(s, "j1") == [EventKind.submitted, EventKind.selected]
+
+
+def test_a_part_read_back_serialises_as_stored(s) -> None:
+    register(s, "d1")
+    store_resources(s, submit(s, "j1", [{"device_id": "d1", "power_cap_w": 4.0}]))
+    advance_job("j1")
+    raw = s.jobs._redis.get(s.keys.part("j1", "d1"))  # what `apply(seen=...)` compares: one round trip, not two
+    assert DevicePart.model_validate_json(raw).model_dump_json() == raw
+
+
 def test_baseline1_without_a_configuration_is_an_event(s, broker) -> None:
     register(s, "d1", power_envelope_w=[1e3] * len(F))
     spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
     store_resources(s, spec)
     advance_job("j1")
-    assert s.jobs.part("j1", "d1").state == PartState.finetuning
+    assert s.jobs.part("j1", "d1").state == PartState.queued
     assert EventKind.baseline1_unavailable in kinds(s, "j1")
 
 
@@ -149,7 +188,7 @@ def test_an_old_failure_is_ignored_while_the_resource_exists(s, broker) -> None:
     vector = store_resources(s, spec)
     s.coordination.fail(vector_resource(vector.key), "an old failure", ["j1"])  # ignored: the vector exists
     advance_job("j1")
-    assert s.jobs.part("j1", "d1").state == PartState.finetuning
+    assert s.jobs.part("j1", "d1").state == PartState.queued
 
 
 def test_a_big_job_is_advanced_in_pages(s, broker) -> None:
@@ -160,7 +199,7 @@ def test_a_big_job_is_advanced_in_pages(s, broker) -> None:
     pages = queued_tasks(broker, "control")
     assert [t.name for t in pages] == [TaskName.advance_page.value] * 3
     assert [JobPage.model_validate(t.payload).page for t in pages] == [0, 1, 2]
-    assert advance_page(JobPage(job_id="big", page=2)) == "running"
+    assert advance_page(JobPage(job_id="big", page=2)) == "advanced"
     states = {d: p.state for d, p in s.jobs.status("big").parts.items()}
     assert all(states[f"d{i:03d}"] == PartState.profiling for i in range(100, 120))  # page 2 only: devices 100..119
     assert all(states[f"d{i:03d}"] == PartState.pending for i in range(100))
@@ -172,7 +211,7 @@ def test_a_device_heard_from_again_has_its_jobs_advanced_once_more_so_the_missin
     spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
     store_resources(s, spec)
     advance_page(JobPage(job_id="j1", page=0))
-    assert s.jobs.part("j1", "d1").state == PartState.finetuning
+    assert s.jobs.part("j1", "d1").state == PartState.queued
     broker.delete(device_queue("d1"))
     broker.zadd(s.keys.fleet_seen(), {"d1": broker.time()[0] - settings.heartbeat_ttl_s - 10})  # silent, within the grace
     broker.delete(s.keys.device("d1"))
@@ -190,7 +229,7 @@ def test_a_device_heard_from_again_has_its_jobs_advanced_once_more_so_the_missin
     register(s, "d1")  # the restarted worker heartbeats again
     assert reap_once(s, app, settings, silent) == frozenset() and [p.job_id for p in advances()] == ["j1"]
     advance_page(JobPage(job_id="j1", page=0))
-    assert s.jobs.part("j1", "d1").waiting is None and s.jobs.part("j1", "d1").state == PartState.finetuning
+    assert s.jobs.part("j1", "d1").waiting is None and s.jobs.part("j1", "d1").state == PartState.queued
     assert reap_once(s, app, settings, frozenset()) == frozenset() and advances() == []  # nothing more once it is back
 
 
@@ -213,7 +252,7 @@ def test_a_device_not_registered_yet_is_waited_for_and_its_job_advanced_when_it_
     reap_once(s, app, settings)
     assert advanced() == ["j1"]
     advance_page(JobPage(job_id="j1", page=0))
-    assert s.jobs.part("j1", "late").state == PartState.finetuning and s.jobs.part("j1", "late").waiting is None
+    assert s.jobs.part("j1", "late").state == PartState.queued and s.jobs.part("j1", "late").waiting is None
     reap_once(s, app, settings)
     assert advanced() == []  # taken off the list once it registered
 
@@ -250,7 +289,7 @@ def test_cancel_stops_parts_no_attempt_runs_at_once_and_asks_running_ones_to_sto
 
     s.jobs.apply("j1", "d1", Requeued())  # a part of a cancelled job runs again, and is not cancelled again
     advance_job("j1")
-    assert s.jobs.part("j1", "d1").state == PartState.finetuning
+    assert s.jobs.part("j1", "d1").state == PartState.queued
     assert [t.name for t in queued_tasks(broker, device_queue("d1"))].count(TaskName.finetune.value) == 2  # the first, then this one
 
 
@@ -292,7 +331,7 @@ def test_a_lost_fine_tune_attempt_lets_its_part_go_before_its_message_is_restore
     broker.zadd(s.keys.leases(), {lease.task_id: broker.time()[0] - settings.lease_ttl_s - 1})  # its process stopped renewing
     reap_once(s, context.app(), settings)
     after = s.jobs.part("j1", "d1")
-    assert after.attempt is None and after.state == PartState.finetuning and s.liveness.lease(lease.task_id) is None
+    assert after.attempt is None and after.state == PartState.queued and s.liveness.lease(lease.task_id) is None
     assert [e.kind for e in s.jobs.status("j1").events][-1] == EventKind.attempt_lost
     assert s.jobs.attempt_write("j1", "d1", "a1") == Written.stale  # the old attempt, if it wakes, writes nothing
 
@@ -310,7 +349,7 @@ def test_a_table_and_vector_that_no_longer_load_are_set_aside_with_an_event_and_
     vkey = vector_key(spec.estimation_request())
     broker.set(s.keys.table(TID), b'{"batch_sizes": [4]}')  # an older or hand-edited format
     broker.set(s.keys.vector(vkey), b"{not json")
-    assert advance_job("j1") == "running"
+    advance_job("j1")
     events = s.jobs.status("j1").events
     assert [e.kind for e in events] == [EventKind.submitted, EventKind.set_aside, EventKind.set_aside, EventKind.profiling,
                                         EventKind.estimating]  # fmt: skip
@@ -330,7 +369,8 @@ def test_a_part_re_queued_after_its_table_failed_tries_again_instead_of_failing_
     submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
     advance_job("j1")
     fail_resource(table_resource(TID), "profiling on d1 was revoked by an operator")
-    assert advance_job("j1") == "failed"
+    advance_job("j1")
+    assert s.jobs.status("j1").state == JobState.failed
     s.jobs.apply("j1", "d1", Requeued())
     broker.delete(device_queue("d1"))
     advance_job("j1")

@@ -28,6 +28,7 @@ from edgetrain.common.schemas import (
     RunReport,
     Selection,
     TrainingOutcome,
+    VectorProvenance,
     utc_now,
 )
 from edgetrain.common.selection import InfeasibleCapError
@@ -184,9 +185,33 @@ def test_a_spec_s_problems_are_all_reported_at_once() -> None:
 def test_the_report_flags_a_peak_above_the_cap_and_tells_device_time_from_wall_time(store) -> None:
     job_in(store, "j1", PartState.completed, run=report(peak_w=3.05))
     text = format_report(JobReport.from_status(store.jobs.status("j1")))
-    assert "peak power 3.05 W ABOVE the 3.0 W cap" in text
+    assert "peak power 3.05 W ABOVE the 3 W cap" in text
     assert "device time 0.6 s (the twin's clock)" in text and "wall time on the worker 21 s" in text
     assert JobReport.from_status(store.jobs.status("j1")).state == JobState.completed
+
+
+def test_the_learned_line_says_where_r_b_came_from_once(store) -> None:
+    learned = VectorProvenance(source="learned", summary="learned from 2 fine-tune record(s) of this data: N_b measured at b=[16, 128]")
+    job_in(store, "j1", PartState.completed, run=report().model_copy(update={"learned": learned}))
+    lines = format_report(JobReport.from_status(store.jobs.status("j1"))).splitlines()
+    assert "  learned   : learned from 2 fine-tune record(s) of this data: N_b measured at b=[16, 128]" in lines, lines
+
+
+def test_a_peak_within_the_sensor_s_resolution_of_the_cap_is_not_above_it(store) -> None:
+    job_in(store, "j1", PartState.completed, run=report(peak_w=3.05).model_copy(update={"power_resolution_w": 0.1}))
+    text = format_report(JobReport.from_status(store.jobs.status("j1")))
+    assert "peak power 3.05 W;" in text and "ABOVE" not in text, text
+
+
+def test_after_a_cap_set_mid_run_the_header_and_the_verdict_name_the_cap_in_force(store) -> None:
+    switch = ConfigSwitch(device_time_s=0.3, samples=2048, cause="cap", power_cap_w=2.6, old_batch_size=16,
+                          old_frequency_hz=614_400_000, new_batch_size=16, new_frequency_hz=460_800_000)  # fmt: skip
+    guard = PowerGuardReport(over_cap_s=0.05, peak_power_w=3.0, peak_over_cap_w=2.98, over_cap_w=2.6)
+    run = report(peak_w=3.0).model_copy(update={"switches": [switch], "guard": guard, "frequency_hz": 460_800_000})
+    job_in(store, "j1", PartState.completed, run=run)
+    text = format_report(JobReport.from_status(store.jobs.status("j1")))
+    assert "power cap 3 W, then 2.6 W from 0.3 s" in text, text
+    assert "a reading of 2.98 W was ABOVE the 2.6 W cap in force then" in text and "ABOVE the 3" not in text, text
 
 
 def test_the_report_says_why_edgetrain_kept_the_largest_batch(store) -> None:

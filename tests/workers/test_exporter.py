@@ -128,3 +128,46 @@ def test_unreachable_redis_is_a_metric_not_an_error() -> None:
 def test_the_exporter_imports_no_torch(module: str) -> None:
     code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def test_a_fine_tune_queued_behind_another_job_on_its_device_is_queued_not_running(store) -> None:
+    store.fleet.register(device("nano-1"), ttl_s=30, instance="w1")
+    store.liveness.heartbeat(WorkerInfo(node="device-nano-1@h", role="device", queues=["device.nano-1"], hostname="h", pid=1))
+    spec = JobSpec.model_validate(quick_job(DEVICES[:1]))
+    for job_id in ("first", "second"):
+        store.jobs.create(job_id, spec)
+    fine_tune_started(store, "first", spec)
+    request = finetune_request("second", spec, spec.devices[0], CHOICE, "jetson-nano:smallcnn:1x28x28", "vkey")
+    store.jobs.apply("second", "nano-1", Dispatched(device=TWIN, token="second-t", request=request, selection=CHOICE,
+                                                    estimated_time_to_accuracy_s=0.17))  # fmt: skip
+    s = scrape(store)
+    second = {"job_id": "second", "device": "nano-1", "simulated": "true"}
+    assert value(s, "edgetrain_part_state", **second, state="queued") == 1
+    assert ("edgetrain_part_state", tuple(sorted({**second, "state": "finetuning"}.items()))) not in s
+    assert value(s, "edgetrain_part_waiting", **second, reason="device_queue") == 1
+    assert value(s, "edgetrain_parts_waiting", reason="device_queue") == 1 and value(s, "edgetrain_parts", state="queued") == 1
+    assert value(s, "edgetrain_device_job_info", device="nano-1", job_id="first") == 1  # what the board runs, ahead of it
+    assert value(s, "edgetrain_job_parts", job_id="second", state="queued") == 1
+
+
+def test_a_big_job_is_exported_from_its_summary_not_per_part(store) -> None:
+    devices = [{"device_id": f"d{i:03d}", "power_cap_w": 5.0} for i in range(60)]
+    spec = JobSpec.model_validate(quick_job(devices))
+    store.jobs.create("big", spec)
+    store.liveness.heartbeat(WorkerInfo(node="control@h", role="control", queues=["control"], hostname="h", pid=2))
+    store.liveness.heartbeat(WorkerInfo(node="device-d000@h", role="device", queues=["device.d000"], hostname="h", pid=3))
+    requests = {d: finetune_request("big", spec, spec.devices[i], CHOICE, "jetson-nano:smallcnn:1x28x28", "vkey")
+                for i, d in enumerate(("d000", "d001"))}  # fmt: skip
+    for d, request in requests.items():  # dispatched: d000's worker lives, nobody consumes d001's queue
+        store.jobs.apply("big", d, Dispatched(device=TWIN, token=f"{d}-t", request=request, selection=CHOICE,
+                                              estimated_time_to_accuracy_s=0.17))  # fmt: skip
+    store.jobs.apply("big", "d000", AttemptStarted(dispatch="d000-t", digest=request_digest(requests["d000"]), attempt="a0",
+                                                  node="device-d000@h"))  # fmt: skip
+    progress = FinetuneProgress(samples=512, accuracy=0.3, device_time_s=0.2, energy_j=0.5, target_accuracy=0.85, max_samples=40000)
+    assert store.jobs.attempt_write("big", "d000", "a0", progress=progress) == Written.ok
+    s = scrape(store)
+    assert not [name for name, _ in s if name.startswith("edgetrain_part_")]  # no series per part of a job of 60 devices
+    assert value(s, "edgetrain_job_parts", job_id="big", state="pending") == 58
+    assert value(s, "edgetrain_job_parts", job_id="big", state="finetuning") == 1
+    assert value(s, "edgetrain_parts_waiting", reason="planning") == 58 and value(s, "edgetrain_parts_waiting", reason="no_worker") == 1
+    assert value(s, "edgetrain_job_samples", job_id="big") == 512 and value(s, "edgetrain_job_energy_joules", job_id="big") == 0.5

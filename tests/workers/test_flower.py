@@ -73,8 +73,8 @@ def test_flower_shows_workers_queues_tasks_by_job_and_progress(tmp) -> None:
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
             job_id = submit.stdout.readline().strip()
             running = get_json(f"{base}/tasks", timeout_s=240, until=lambda d: any(
-                t["name"].startswith(f"edgetrain.finetune[{job_id}/nano-f b=") and t["state"] == "PROGRESS" for t in d.values()))
-            fine_tune = next(i for i, t in running.items() if t["name"].startswith(f"edgetrain.finetune[{job_id}/nano-f b="))
+                t["name"].startswith(f"edgetrain.finetune[{job_id}/nano-f planned b=") and t["state"] == "PROGRESS" for t in d.values()))
+            fine_tune = next(i for i, t in running.items() if t["name"].startswith(f"edgetrain.finetune[{job_id}/nano-f planned b="))
             info = get_json(f"{base}/task/info/{fine_tune}")  # what the task's page shows
             assert info["state"] == "PROGRESS" and re.search(r"samples \d+/12000  accuracy 0\.\d+ \(target 0\.9\)", info["result"]), info
             names = {t["name"] for t in running.values()}

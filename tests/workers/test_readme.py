@@ -107,7 +107,8 @@ def test_the_labels_and_progress_lines_quoted_are_the_ones_edgetrain_makes() -> 
     labels = [
         label(TaskName.train_proxy, ProxyRunRequest(request=spec.estimation_request(), batch_size=8, seed=1, job_id=job).model_dump()),
         label(TaskName.profile_device, job_profile_request(claim_token(job), spec, spec.devices[0], nano).model_dump()),
-        label(TaskName.finetune, finetune_request(job, spec, spec.devices[0], choice, "table", "vector").model_dump(mode="json")),
+        label(TaskName.finetune, finetune_request(job, spec, spec.devices[0], choice, "table", "vector").model_dump(mode="json"),
+              setting=nano.control.describe(choice.frequency_hz)),
         label(TaskName.advance_job, job),
     ]
     progress = FinetuneProgress(samples=1024, accuracy=0.712, device_time_s=1.0, energy_j=2.0, target_accuracy=0.85,
@@ -169,7 +170,7 @@ def test_the_redis_line_runs_with_the_settings_edgetrain_needs_and_its_users_wor
         env = {**os.environ, "EDGETRAIN_REDIS_URL": url,
                "EDGETRAIN_REDIS_PASSWORD_FILE": exported["EDGETRAIN_REDIS_PASSWORD_FILE"].replace("$PWD", str(tmp_path))}  # fmt: skip
         fleet = run_line("edgetrain fleet --json", tmp_path, env)
-        assert fleet.returncode == 0 and json.loads(fleet.stdout) == {"devices": [], "workers": []}, fleet.stderr
+        assert fleet.returncode == 0 and json.loads(fleet.stdout) == {"devices": [], "workers": [], "caps": {}}, fleet.stderr
         submitter = env | {"EDGETRAIN_REDIS_URL": url.replace("worker@", "submitter@"),
                            "EDGETRAIN_REDIS_PASSWORD_FILE": str(tmp_path / "secrets" / "submitter.password")}  # fmt: skip
         status = run_line("edgetrain status j1 --json", tmp_path, submitter)  # a submitter reads the progress too

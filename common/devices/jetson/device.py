@@ -30,6 +30,7 @@ class JetsonDevice:
     backend = "jetson"
     simulated = False
     control = ControlAxis.GPU_CLOCK_HZ
+    power_resolution_w = 0.001  # the INA3221 drivers report mW (or mV and mA)
 
     def __init__(self, sysfs_root: str | Path = "/", device_type: str | None = None, io: SysfsIO | None = None,
                  sample_rate_hz: float = DEFAULT_RATE_HZ, settle_s: float = 0.5):

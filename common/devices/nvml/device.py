@@ -43,6 +43,7 @@ class NvmlDevice:
 
     backend = "nvml"
     simulated = False
+    power_resolution_w = 0.001  # nvmlDeviceGetPowerUsage reports mW
 
     def __init__(self, index: int = 0, allow_clock_control: bool = False, allow_power_limit: bool = False,
                  nvml: Any = None, device_type: str | None = None, sample_rate_hz: float = DEFAULT_RATE_HZ,
