@@ -163,6 +163,8 @@ class FineTune:
             )  # fmt: skip
         finally:
             self.device.restore()
+            if self.control is not None:  # its callbacks are this recipe's methods: a cycle that would keep the model
+                self.control.on_switch = self.control.while_paused = None  # and data until a full collection
         if self.loop is not None:
             self.record = self.loop.finish(totals, outcome)
         control = self.control

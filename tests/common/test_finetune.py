@@ -4,6 +4,9 @@ the store would (the attempt holds its part, the job is cancelled, another attem
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
 from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
@@ -143,3 +146,35 @@ def test_a_first_job_runs_the_largest_batch_where_the_proxy_alone_favours_a_slow
     assert (switch.samples, switch.old_batch_size, switch.new_batch_size) == (0, 32, 128)
     assert "b=128 until this data measures both" in (switch.note or "") and "50% slower" in (switch.note or "")
     assert any("b=128 until this data measures both" in text for _, text in writer.events())
+
+
+def test_a_finished_run_frees_its_model_and_data_without_waiting_for_the_cycle_collector(tmp_path) -> None:
+    # a device worker runs job after job in one process: what a run held must go when the task
+    # drops the recipe, by reference counting; left in a reference cycle it waits for a full
+    # collection, which comes seldom, and the worker grew by the data and model of every job
+    table = ProfileTable(batch_sizes=[32, 128], frequencies_hz=[TOP], samples=1000, time_s=[[1.0], [0.5]],
+                         peak_power_w=[[3.0], [3.0]], max_batch_size=128)  # fmt: skip
+    prior = RelationVector(batch_sizes=[32, 128], ratios=[1.0, 1.0], samples_mean=[1.0, 1.0], samples_std=[0.0, 0.0], key="proxy")
+    options = Options(attempt="a" * 32, artifact_dir=tmp_path, table=table, vector=prior, data=DataIdentity(name="mnist5k", fraction=0.2))
+    spec = SPEC.model_copy(update={"devices": [SPEC.devices[0].model_copy(update={"power_cap_w": None})]})
+    choice = Selection(batch_size=128, frequency_hz=TOP, estimated_time_s=0.5, peak_power_w=3.0)
+
+    def finished() -> FineTune:
+        recipe = FineTune(finetune_request("j1", spec, spec.devices[0], choice, "none", "none"), SimulatedDevice(TWIN, seed=0), Writer(), options)
+        recipe.setup(None)
+        recipe.run()
+        return recipe
+
+    finished()  # like a worker's first job: torch imports modules as the first model runs, in a cycle with its frames
+    gc.collect()
+    gc.disable()
+    try:
+        recipe = finished()
+        assert recipe.control is not None and recipe.loop is not None  # the cap control and the closed loop ran
+        trainer = recipe.trainer
+        held = {"recipe": recipe, "model": trainer.model, "optimizer": trainer.optimizer, "data": trainer.train_x}
+        refs = {name: weakref.ref(x) for name, x in held.items()}
+        del recipe, trainer, held
+        assert [name for name, ref in refs.items() if ref() is not None] == []
+    finally:
+        gc.enable()
