@@ -7,6 +7,8 @@ flat.
 Each job is the quick job (smallcnn from `init:0` on the MNIST subset, SIMULATED Jetson Nano
 twin at 3 W) on one device; the first one also profiles the device and estimates the relation
 vector, the later ones only fine-tune (the closed loop reads what the earlier ones measured).
+The workers run with this environment: EDGETRAIN_WORKER_MAX_MEMORY_MB, if set, replaces a pool
+process after a task that left it above the limit (the summary says which limit was in force).
 
     python bench/soak.py [--jobs 500] [--warm-up 20] [--target-accuracy 0.85] [--json OUT]
 """
@@ -14,14 +16,16 @@ vector, the later ones only fine-tune (the closed loop reads what the earlier on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
 
 from edgetrain.common.jobs import PartState
 from edgetrain.common.presets import quick_job
-from edgetrain.tasks.client import EdgeTrainClient
+from edgetrain.tasks.client import EdgeTrainClient, poll_until
 from edgetrain.workers.cluster import LocalCluster, WorkerProcess
 
 DEVICE_ID = "soak-1"
@@ -29,12 +33,13 @@ BACKEND = "sim:jetson-nano"
 ROLES = {"device": f"device-{DEVICE_ID}", "control": "control", "server": "server-0"}
 
 
-def rss_mb(pid: int) -> float:
-    """The resident memory of process `pid` (MB), from /proc."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise ValueError(f"no VmRSS for process {pid}")
+def rss_mb(pid: int) -> float | None:
+    """The resident memory of process `pid` (MB), from /proc; None once it exited."""
+    with contextlib.suppress(FileNotFoundError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return None
 
 
 def children(pid: int) -> list[int]:
@@ -46,20 +51,21 @@ def children(pid: int) -> list[int]:
 
 
 def sample(worker: WorkerProcess) -> dict:
-    """RSS of a worker's main process and of its pool children (MB), with the children's ids."""
+    """RSS of a worker's main process and of its live pool children (MB), with the children's
+    ids; a pool process replaced after its task (EDGETRAIN_WORKER_MAX_MEMORY_MB) is waited for."""
     assert worker.process is not None
     main = worker.process.pid
-    pool = children(main)
-    return {"main_mb": rss_mb(main), "pool_mb": [rss_mb(p) for p in pool], "pool_pids": pool}
+
+    def live() -> list[tuple[int, float]] | None:
+        return [(p, mb) for p in children(main) if (mb := rss_mb(p)) is not None] or None
+
+    pool = poll_until(live, 60, 0.1, f"a pool process of {worker.name}")
+    return {"main_mb": rss_mb(main), "pool_mb": [mb for _, mb in pool], "pool_pids": [p for p, _ in pool]}
 
 
-def growth(rows: list[dict], role: str, part: str, warm_up: int) -> float:
-    """How much `part` of the `role` worker grew (MB) from the end of job `warm_up` to the end."""
-    def total(row: dict) -> float:
-        value = row[role][part]
-        return sum(value) if isinstance(value, list) else value
-
-    return total(rows[-1]) - total(rows[min(warm_up, len(rows)) - 1])
+def total_mb(row: dict, role: str, parts: tuple[str, ...] = ("main_mb", "pool_mb")) -> float:
+    """The RSS (MB) of `parts` of the `role` worker after one job: its main process, its pool or both."""
+    return sum(sum(v) if isinstance(v := row[role][part], list) else v for part in parts)
 
 
 def soak(jobs: int, target_accuracy: float, workdir: Path) -> list[dict]:
@@ -93,28 +99,34 @@ def main() -> None:
     parser.add_argument("--target-accuracy", type=float, default=0.85)
     parser.add_argument("--json")
     args = parser.parse_args()
-    if args.jobs <= args.warm_up:
-        parser.error(f"--jobs must be more than --warm-up ({args.warm_up})")
+    if not 1 <= args.warm_up < args.jobs:
+        parser.error(f"--warm-up must be at least 1 and below --jobs ({args.jobs}), not {args.warm_up}")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         rows = soak(args.jobs, args.target_accuracy, Path(tmp))
-    first = rows[0]["device"]
+    pool = [total_mb(row, "device", ("pool_mb",)) for row in rows]
+    warm = args.warm_up - 1  # the row of the last job before growth is counted
+
+    def grown(role: str, parts: tuple[str, ...] = ("main_mb", "pool_mb")) -> float:
+        return total_mb(rows[-1], role, parts) - total_mb(rows[warm], role, parts)
+
     summary = {
         "jobs": args.jobs, "warm_up": args.warm_up, "wall_s": time.perf_counter() - started,
-        "device_pool_first_job_mb": sum(first["pool_mb"]), "device_pool_warm_mb": sum(rows[args.warm_up - 1]["device"]["pool_mb"]),
-        "device_pool_last_mb": sum(rows[-1]["device"]["pool_mb"]),
-        "device_pool_growth_mb": growth(rows, "device", "pool_mb", args.warm_up),
+        "worker_max_memory_mb": int(os.environ.get("EDGETRAIN_WORKER_MAX_MEMORY_MB") or 0),  # 0: pool processes never replaced
+        "device_pool_first_job_mb": pool[0], "device_pool_warm_mb": pool[warm], "device_pool_last_mb": pool[-1],
+        "device_pool_max_mb": max(pool[warm:]), "device_pool_growth_mb": grown("device", ("pool_mb",)),
+        "device_pool_mb_per_job": grown("device", ("pool_mb",)) / (args.jobs - args.warm_up),
         "device_pool_processes": len({p for r in rows for p in r["device"]["pool_pids"]}),
-        "device_main_growth_mb": growth(rows, "device", "main_mb", args.warm_up),
-        "control_growth_mb": growth(rows, "control", "main_mb", args.warm_up) + growth(rows, "control", "pool_mb", args.warm_up),
-        "server_growth_mb": growth(rows, "server", "main_mb", args.warm_up) + growth(rows, "server", "pool_mb", args.warm_up),
+        "device_main_growth_mb": grown("device", ("main_mb",)), "control_growth_mb": grown("control"), "server_growth_mb": grown("server"),
     }  # fmt: skip
-    summary["device_pool_mb_per_job"] = summary["device_pool_growth_mb"] / (args.jobs - args.warm_up)
     print(json.dumps(summary, indent=2))
-    print(f"| {args.jobs} | {summary['device_pool_first_job_mb']:.0f} / {summary['device_pool_warm_mb']:.0f} / "
-          f"{summary['device_pool_last_mb']:.0f} MB | {summary['device_pool_growth_mb']:+.0f} MB "
-          f"({summary['device_pool_mb_per_job']:+.2f} MB/job) | {summary['device_main_growth_mb']:+.0f} MB | "
-          f"{summary['control_growth_mb']:+.0f} MB | {summary['server_growth_mb']:+.0f} MB | {summary['wall_s'] / 60:.0f} min |")  # fmt: skip
+    cells = [
+        f"{args.jobs}", f"{pool[0]:.0f} / {pool[warm]:.0f} / {pool[-1]:.0f} MB (max {summary['device_pool_max_mb']:.0f})",
+        f"{summary['device_pool_growth_mb']:+.0f} MB ({summary['device_pool_mb_per_job']:+.2f} MB/job)",
+        *(f"{summary[k]:+.0f} MB" for k in ("device_main_growth_mb", "control_growth_mb", "server_growth_mb")),
+        f"{summary['wall_s'] / 60:.0f} min",
+    ]  # fmt: skip
+    print("| " + " | ".join(cells) + " |")  # a row of the README's table
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "jobs": rows}, indent=2))
 
