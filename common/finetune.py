@@ -163,8 +163,10 @@ class FineTune:
             )  # fmt: skip
         finally:
             self.device.restore()
-            if self.control is not None:  # its callbacks are this recipe's methods: a cycle that would keep the model
-                self.control.on_switch = self.control.while_paused = None  # and data until a full collection
+            # the control calls this recipe's methods back: dropped now, or the cycle would keep the
+            # model and data until the collector's next full pass (a worker grew by every job's)
+            if self.control is not None:
+                self.control.on_switch = self.control.while_paused = None
         if self.loop is not None:
             self.record = self.loop.finish(totals, outcome)
         control = self.control
