@@ -153,10 +153,10 @@ class FineTune:
         restored whatever happens. Raises a `Stop` when the run must stop before."""
         assert self.trainer is not None, "setup() first"
         r, started = self.request, time.perf_counter()
-        self.control = self._select()
-        self.loop = self._closed_loop()
-        self.device.set_frequency(self._frequency())
         try:
+            self.control = self._select()
+            self.loop = self._closed_loop()  # its first selection may switch, and a switch writes: it may stop the run
+            self.device.set_frequency(self._frequency())
             outcome, totals = train_to_accuracy(
                 self.trainer, r.target_accuracy, r.eval_every_samples, r.max_samples, r.seed, self.device,
                 self._evaluated, self.totals, _Steps(self),
