@@ -17,6 +17,8 @@ from .artifacts import get_bytes, put_file
 from .security import safe_file_name
 from .training import DeviceTotals, Trainer
 
+_ATTEMPT_SUFFIX = re.compile(r"[0-9a-f]{12}\.pt")  # one pattern: one compiled per job would fill re's cache
+
 
 def checkpoint_name(job_id: str, device_id: str, attempt: str) -> str:
     """The file name, in the artifact store, of the checkpoint of (job, device) that attempt
@@ -26,9 +28,10 @@ def checkpoint_name(job_id: str, device_id: str, attempt: str) -> str:
 
 def remove_checkpoints(job_id: str, device_id: str, store: Path, keep: str | None = None) -> None:
     """Remove the checkpoint files of (job, device) from the store folder, but `keep` (a file name)."""
-    ours = re.compile(re.escape(safe_file_name(f"checkpoint-{job_id}-{device_id}-")) + r"[0-9a-f]{12}\.pt")
+    prefix = safe_file_name(f"checkpoint-{job_id}-{device_id}-")
     for path in store.glob("checkpoint-*.pt"):
-        if ours.fullmatch(path.name) and path.name != keep:
+        name = path.name
+        if name.startswith(prefix) and _ATTEMPT_SUFFIX.fullmatch(name[len(prefix) :]) and name != keep:
             path.unlink(missing_ok=True)
 
 

@@ -163,19 +163,23 @@ class FineTune:
         restored whatever happens. Raises a `Stop` when the run must stop before."""
         assert self.trainer is not None, "setup() first"
         r, started = self.request, time.perf_counter()
-        self._starting = True
-        self.control = self._select()
-        self.loop = self._closed_loop()
-        self._starting = False
-        self._say_started()
-        self.device.set_frequency(self._frequency())
         try:
+            self._starting = True
+            self.control = self._select()
+            self.loop = self._closed_loop()  # its first selection may switch, and a switch writes: it may stop the run
+            self._starting = False
+            self._say_started()
+            self.device.set_frequency(self._frequency())
             outcome, totals = train_to_accuracy(
                 self.trainer, r.target_accuracy, r.eval_every_samples, r.max_samples, r.seed, self.device,
                 self._evaluated, self.totals, _Steps(self),
             )  # fmt: skip
         finally:
             self.device.restore()
+            # the control calls this recipe's methods back: dropped now, or the cycle would keep the
+            # model and data until the collector's next full pass (a worker grew by every job's)
+            if self.control is not None:
+                self.control.on_switch = self.control.while_paused = None
         if self.loop is not None:
             self.record = self.loop.finish(totals, outcome)
         control = self.control

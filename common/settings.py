@@ -114,6 +114,9 @@ class Settings(DataSettings):
     task_max_retries: int = Field(3, ge=0, description="redeliveries of a task whose worker died")
     page_size: int = Field(50, gt=0, le=1000, description="devices of a job advanced by one job step")
     torch_threads: int = Field(0, ge=0, description="torch threads per worker process; 0 = torch's default")
+    worker_max_memory_mb: int = Field(
+        0, ge=0, description="a pool process whose peak resident memory passed this is replaced after its task (MB); 0: never"
+    )
     control_time_limit_s: int = Field(300, gt=0, description="hard time limit of a job step (s)")
     profile_time_limit_s: int = Field(4 * 3600, gt=0, description="hard time limit of profiling one table (s)")
     training_time_limit_s: int = Field(12 * 3600, gt=0, description="hard time limit of a fine-tune, proxy run or pre-training (s)")

@@ -67,6 +67,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        "worker_max_memory_per_child": settings.worker_max_memory_mb * 1024 or None,  # KiB of peak RSS (ru_maxrss)
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
         "broker_connection_retry_on_startup": True,

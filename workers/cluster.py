@@ -179,12 +179,13 @@ class LocalCluster:
         if w.process is not None:
             w.process.wait()
 
-    def add_device_worker(self, name: str, device_id: str, backend: str) -> WorkerProcess:
-        """Start one more device worker process named `name` (it may have to wait for `device_id`)."""
+    def add_device_worker(self, name: str, device_id: str, backend: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        """Start one more device worker process named `name` (it may have to wait for `device_id`),
+        with `env` added to the cluster's environment."""
         worker = WorkerProcess(name, ["worker", "device", "--device-id", device_id, "--backend", backend],
                                self.workdir / "logs" / f"{name}.log")  # fmt: skip
         self.workers.append(worker)
-        worker.start(self._worker_env())
+        worker.start(self._worker_env() | (env or {}))
         return worker
 
     def restart(self, *names: str, timeout_s: float = 120.0) -> None:

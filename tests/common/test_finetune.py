@@ -4,6 +4,9 @@ the store would (the attempt holds its part, the job is cancelled, another attem
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import weakref
 from types import SimpleNamespace
 
 import pytest
@@ -173,3 +176,37 @@ def test_a_first_job_runs_the_largest_batch_where_only_a_proxy_found_far_off_els
                                 data=DataIdentity(name="mnist5k", fraction=0.2)))  # fmt: skip
     trusting.setup(None)
     assert [c.batch_size for c in trusting.run().configurations] == [32]  # the paper's trust: r_32 at most 0.54, 0.81x b=128
+
+
+@pytest.mark.parametrize("writer", [Writer(), Writer(Written.gone)], ids=["completed", "superseded at its first selection"])
+def test_a_finished_run_frees_its_model_and_data_without_waiting_for_the_cycle_collector(writer: Writer, tmp_path) -> None:
+    # a device worker runs job after job in one process: what a run held must go when the task
+    # drops the recipe, by reference counting; left in a reference cycle it waits for a full
+    # collection, which comes seldom, and the worker grew by the data and model of every job
+    table = ProfileTable(batch_sizes=[32, 128], frequencies_hz=[TOP], samples=1000, time_s=[[1.0], [0.5]],
+                         peak_power_w=[[3.0], [3.0]], max_batch_size=128)  # fmt: skip
+    prior = RelationVector(batch_sizes=[32, 128], ratios=[1.0, 1.0], samples_mean=[1.0, 1.0], samples_std=[0.0, 0.0], key="proxy")
+    options = Options(attempt="a" * 32, artifact_dir=tmp_path, table=table, vector=prior, data=DataIdentity(name="mnist5k", fraction=0.2))
+    spec = SPEC.model_copy(update={"devices": [SPEC.devices[0].model_copy(update={"power_cap_w": None})]})
+    choice = Selection(batch_size=32, frequency_hz=TOP, estimated_time_s=1.0, peak_power_w=3.0)  # b=128 is faster: a switch at once
+
+    def finished(writer: Writer) -> FineTune:
+        recipe = FineTune(finetune_request("j1", spec, spec.devices[0], choice, "none", "none"), SimulatedDevice(TWIN, seed=0), writer, options)
+        recipe.setup(None)
+        with contextlib.suppress(Superseded):
+            recipe.run()
+        return recipe
+
+    finished(Writer())  # like a worker's first job: torch imports modules as the first model runs, in a cycle with its frames
+    gc.collect()
+    gc.disable()
+    try:
+        recipe = finished(writer)
+        assert recipe.control is not None and len(writer.writes) >= 1  # the cap control ran, and wrote its switch
+        trainer = recipe.trainer
+        held = {"recipe": recipe, "model": trainer.model, "optimizer": trainer.optimizer, "data": trainer.train_x}
+        refs = {name: weakref.ref(x) for name, x in held.items()}
+        del recipe, trainer, held
+        assert [name for name, ref in refs.items() if ref() is not None] == []
+    finally:
+        gc.enable()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from edgetrain.common.settings import Settings
 from edgetrain.workers.redis_acl import ROLES, acl_file, password_hash
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -85,3 +86,17 @@ def test_every_recipe_restarts_a_stopped_worker_and_runs_redis_without_eviction(
     k8s = next(d for d in documents(DEPLOY / "kubernetes" / "redis.yaml") if d["kind"] == "Deployment")
     for argv in (compose["redis"]["command"], tls, k8s["spec"]["template"]["spec"]["containers"][0]["args"]):
         assert argv[argv.index("--maxmemory-policy") + 1] == "noeviction" and argv[argv.index("--appendonly") + 1] == "yes"
+
+
+def test_the_training_workers_recipes_replace_a_pool_process_that_grew_past_a_limit() -> None:
+    unit = (DEPLOY / "jetson" / "edgetrain-device.service").read_text().splitlines()
+    [device] = [line.split("=")[-1] for line in unit if line.startswith("Environment=EDGETRAIN_WORKER_MAX_MEMORY_MB=")]
+    compose = documents(DEPLOY / "compose" / "docker-compose.yml")[0]["services"]
+    server = next(d for d in documents(DEPLOY / "kubernetes" / "server-workers.yaml") if d["kind"] == "Deployment")
+    limits = {
+        "jetson device": device,
+        "compose server": compose["server"]["environment"].get("EDGETRAIN_WORKER_MAX_MEMORY_MB"),
+        "kubernetes server": env_of(server["spec"]["template"]["spec"]["containers"][0]).get("EDGETRAIN_WORKER_MAX_MEMORY_MB"),
+    }
+    assert [name for name, mb in limits.items() if mb is None or Settings(worker_max_memory_mb=mb).worker_max_memory_mb <= 0] == [], limits
+    assert "EDGETRAIN_WORKER_MAX_MEMORY_MB" not in compose["control"]["environment"]  # the control worker runs no training

@@ -1,6 +1,7 @@
 """Workers live through what Redis hands them, with real processes and default settings: a
 malformed message on any queue, an evicting Redis, a full one, a restart without persistence;
-and they stop within seconds of SIGTERM when Redis is gone too.
+a device worker whose pool process passes its memory limit goes on with a new one; and they
+stop within seconds of SIGTERM when Redis is gone too.
 
 The tests share one cluster (control, server and device workers) and run in file order: the
 last one stops Redis for good."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,7 +26,7 @@ from celery.result import AsyncResult
 from edgetrain.common.presets import quick_job
 from edgetrain.common.settings import Settings
 from edgetrain.tasks.app import producer_app
-from edgetrain.tasks.client import EdgeTrainClient
+from edgetrain.tasks.client import EdgeTrainClient, poll_until
 from edgetrain.tasks.contract import CONTROL_QUEUE, SERVER_QUEUE, TaskName, device_queue
 from edgetrain.workers.cli_args import ExitCode
 from edgetrain.workers.cluster import EmbeddedRedis, LocalCluster, WorkerProcess
@@ -114,6 +116,26 @@ def test_a_malformed_message_on_any_queue_is_dropped_and_every_worker_lives_on(f
         assert fleet.log_count(worker, "Received unregistered task of type 'edgetrain.no_such_task'") == 1, worker
     status = fleet.client.wait(fleet.client.submit(fleet.small_job()), timeout_s=300)
     assert status.state.value == "completed", [e.line() for e in status.events]
+
+
+def test_a_device_worker_over_its_memory_limit_replaces_its_pool_process_after_each_task_and_goes_on(fleet: Fleet) -> None:
+    # the recipes' second line against a worker that grows: 1 MB, so that every task ends over it
+    worker = fleet.cluster.add_device_worker("device-recycled", "nano-m", "sim:jetson-nano", env={"EDGETRAIN_WORKER_MAX_MEMORY_MB": "1"})
+
+    def finetuned_in() -> list[str]:  # the pool process (Celery numbers each new one) of each fine-tune that succeeded
+        return re.findall(r"/(ForkPoolWorker-\d+)\] Task edgetrain\.finetune\[[^\n]* succeeded", worker.log.read_text())
+
+    try:
+        poll_until(lambda: any(d.device_id == "nano-m" for d in fleet.client.fleet()) or None, 120, 0.5, "nano-m registered")
+        for n in (1, 2):
+            status = fleet.client.wait(fleet.client.submit(quick_job([{"device_id": "nano-m", "power_cap_w": 3.0}], **SMALL)), timeout_s=300)
+            assert status.state.value == "completed", [e.line() for e in status.events]
+            poll_until(lambda: len(finetuned_in()) == n or None, 30, 0.2, f"fine-tune {n} logged")  # noqa: B023
+        assert len(set(finetuned_in())) == 2 and worker.alive(), worker.log.read_text()[-3000:]
+    finally:
+        worker.signal(signal.SIGTERM)
+        assert worker.process is not None
+        worker.process.wait(timeout=60)
 
 
 def test_an_evicting_redis_is_refused_by_a_starting_worker_and_by_submit(fleet: Fleet) -> None:
