@@ -25,6 +25,7 @@ from edgetrain.common.jobs import (
     EventField,
     EventKind,
     JobRecord,
+    JobState,
 )
 from edgetrain.common.keys import table_resource, vector_resource
 from edgetrain.common.limits import RECORDS_KEPT
@@ -133,7 +134,8 @@ def advance_device(job_id: str, device_id: str) -> None:
 def advance_job(job_id: str) -> str:
     """Do the next step of every device part of job `job_id`: at once for a job of one page,
     else one `advance_page` task per page (control workers run them side by side, and no read
-    grows with the fleet). Returns what it did: "advanced", "paged"."""
+    grows with the fleet). Returns what it did: "advanced", "paged", or the job's state when
+    this step finished it (what Flower shows as its result)."""
     record = store().jobs.take_up(job_id)
     if record is None and store().federated.record(job_id) is not None:  # a table it waited for is stored
         send(app, TaskName.federated_advance, job_id)
@@ -151,7 +153,8 @@ def advance_job(job_id: str) -> str:
 
 @app.task(name=TaskName.advance_page.value, pydantic=True)
 def advance_page(page: JobPage) -> str:
-    """Do the next step of the parts of one page of a job; returns "advanced"."""
+    """Do the next step of the parts of one page of a job; returns "advanced", or the job's
+    state when this step finished it."""
     record = store().jobs.record(page.job_id)
     if record is None:
         logger.warning("advance_page: no job %s", page.job_id)
@@ -165,18 +168,24 @@ def _advance_page(record: JobRecord, page: int) -> str:
     targets = spec.devices[page * size : (page + 1) * size]
     refusal = _refusal(record)  # a spec written past the client
     reader = _Reader(s, record, targets)
+    finished: JobState | None = None
     for target, part in zip(targets, s.jobs.parts(job_id, [t.device_id for t in targets])):
         if part.state in TERMINAL:
             continue
         if refusal:
-            report(job_id, part.device_id, Failed(reason=refusal))
+            finished = _finished(report(job_id, part.device_id, Failed(reason=refusal))) or finished
             continue
         try:
-            carry_out(job_id, part, plan(reader.view(target, part)))
+            finished = carry_out(job_id, part, plan(reader.view(target, part))) or finished
         except Exception as exc:  # a bug or a model this worker cannot load: fail the part, say why
             logger.exception("advancing %s/%s failed", job_id, part.device_id)
-            report(job_id, part.device_id, Failed(reason=f"planning failed: {type(exc).__name__}: {exc}"))
-    return "advanced"
+            finished = _finished(report(job_id, part.device_id, Failed(reason=f"planning failed: {type(exc).__name__}: {exc}"))) or finished
+    return finished.value if finished else "advanced"
+
+
+def _finished(applied: Applied | None) -> JobState | None:
+    """The job's state when the change finished it (what Flower shows as the step's result)."""
+    return applied.finished if applied else None
 
 
 def _refusal(record: JobRecord) -> str | None:
@@ -203,12 +212,14 @@ def report(job_id: str, device_id: str, event: PartEvent, seen: DevicePart | Non
         return None
 
 
-def carry_out(job_id: str, part: DevicePart, step: Step) -> None:
+def carry_out(job_id: str, part: DevicePart, step: Step) -> JobState | None:
     """Apply the step's event to the part (as the step read it) and, when it applied, carry out
-    its effects. A fine-tune is sent after its dispatch is recorded, so a crash in between
-    leaves a dispatched part without a task, which the reaper sends again."""
-    if step.event is not None and report(job_id, part.device_id, step.event, part) is None:
-        return
+    its effects; returns the job's state when the event finished it. A fine-tune is sent after
+    its dispatch is recorded, so a crash in between leaves a dispatched part without a task,
+    which the reaper sends again."""
+    applied = report(job_id, part.device_id, step.event, part) if step.event is not None else None
+    if step.event is not None and applied is None:
+        return None
     s = store()
 
     def log(message: str, device: str | None, fields: dict[str, EventField]) -> None:
@@ -228,6 +239,7 @@ def carry_out(job_id: str, part: DevicePart, step: Step) -> None:
                 notify_waiters(resource)
         elif isinstance(effect, Note) and s.coordination.once(effect.once):
             s.jobs.event(job_id, effect.kind, effect.message, effect.device_id)
+    return _finished(applied)
 
 
 def dispatch_fine_tune(token: str, request: FinetuneRequest, control: ControlAxis | None) -> None:

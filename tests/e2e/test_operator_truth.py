@@ -22,6 +22,7 @@ from edgetrain.common.reports import JobReport
 from edgetrain.common.schemas import JobSpec, RelationVector
 from edgetrain.common.testing.flower import flower
 from edgetrain.common.testing.prometheus import Exporter
+from edgetrain.common.trust import ProxyCheck, proxy_family
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
 from edgetrain.workers.cli import main
 from edgetrain.workers.cli_args import ExitCode
@@ -37,8 +38,9 @@ LONG = quick_job([{"device_id": DEVICE, "power_cap_w": 3.0, "dataset": {"name": 
 QUEUED = quick_job([{"device_id": DEVICE, "power_cap_w": 3.0, "dataset": {"name": "fashion_mnist", "fraction": 0.2}}],
                    target_accuracy=0.95, max_samples=12000, batch_sizes=B)  # fmt: skip
 FAILING = quick_job([{"device_id": DEVICE, "power_cap_w": 1.0}], batch_sizes=B)  # a cap below every configuration
-# the proxy says b=4 needs a twentieth of b=128's samples: the plan is b=4; with no run on this data
-# to back that, and b=4 far slower per sample than b=128, the device trains at b=128 from its first step
+# the proxy says b=4 needs a twentieth of b=128's samples: the plan is b=4; the same proxy was far off
+# on three other data (its learned trust), no run on this data backs it, and b=4 is far slower per
+# sample than b=128: the device trains at b=128 from its first step
 GUARDED = quick_job([{"device_id": DEVICE, "power_cap_w": 6.0, "dataset": {"name": "mnist5k", "fraction": 0.5}}],
                     max_samples=6000, batch_sizes=B)  # fmt: skip
 TIMEOUT_S = 300
@@ -46,9 +48,17 @@ TIMEOUT_S = 300
 
 def store_proxy_vector(cluster: LocalCluster, job: dict, ratios: list[float]) -> None:
     """The relation vector of `job`'s estimation request, as its proxy runs would store it."""
-    key = vector_key(JobSpec.model_validate(job).estimation_request())
-    vector = RelationVector(batch_sizes=B, ratios=ratios, samples_mean=[r * 20000 for r in ratios], key=key)
+    request = JobSpec.model_validate(job).estimation_request()
+    vector = RelationVector(batch_sizes=B, ratios=ratios, samples_mean=[r * 20000 for r in ratios], key=vector_key(request), request=request)
     cluster.store().resources.put_vector(vector)
+
+
+def distrust_proxy(cluster: LocalCluster, job: dict) -> None:
+    """Checks of `job`'s proxy on three other data, each a factor e^3 off (common/trust.py)."""
+    family = proxy_family(JobSpec.model_validate(job).estimation_request())
+    assert family is not None
+    for data in ("other-1", "other-2", "other-3"):
+        cluster.store().learned.put_check(family, ProxyCheck(data=data, error=3.0, pairs=1))
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +67,7 @@ def fleet(tmp_path_factory, require_dataset):
     with LocalCluster(tmp_path_factory.mktemp("truth"), devices={DEVICE: "sim:jetson-nano"}, server_workers=0) as cluster:
         for job, ratios in ((LONG, [1.0, 1.0]), (QUEUED, [1.0, 1.0]), (FAILING, [1.0, 1.0]), (GUARDED, [0.05, 1.0])):
             store_proxy_vector(cluster, job, ratios)
+        distrust_proxy(cluster, GUARDED)
         yield cluster, EdgeTrainClient(cluster.url)
 
 

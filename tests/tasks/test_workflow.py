@@ -74,6 +74,16 @@ def kinds(s, job_id: str) -> list[EventKind]:
     return [e.kind for e in s.jobs.status(job_id).events]
 
 
+def test_a_step_that_finishes_the_job_returns_its_state(s) -> None:
+    """What Flower shows as advance_job's result: the job's state when the step ended it."""
+    register(s, "d1")
+    spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 0.01}])  # below every configuration
+    store_resources(s, spec)
+    assert advance_job("j1") == "failed"
+    assert s.jobs.status("j1").state == JobState.failed
+    assert advance_job("j1") == "advanced"  # nothing left to do: the job was already finished
+
+
 def test_missing_table_and_vector_are_dispatched_once_across_jobs(s, broker) -> None:
     register(s, "d1")
     spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
