@@ -66,3 +66,14 @@ def require_dataset(fetched: dict[str, dict]):
             pytest.fail(result["error"])
 
     return require
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under xdist's `loadgroup`, the tests of a module that share a module- or class-scoped
+    fixture (a cluster) run on one worker, one after the other; every other test goes wherever a
+    worker is free."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info else []
+        if any(d[-1].scope in ("module", "class", "package") for d in defs if d):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid.split("::")[0]))
