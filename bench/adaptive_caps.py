@@ -30,12 +30,12 @@ from pathlib import Path
 
 import torch
 
-from edgetrain.common.adaptive import AdaptiveControl, CapFollower
 from edgetrain.common.artifacts import initial_model
 from edgetrain.common.datasets.loading import load_dataset
 from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
 from edgetrain.common.devices.twin_spec import PowerDrift
 from edgetrain.common.estimation import estimate_in_process
+from edgetrain.common.finetune.adaptive import AdaptiveControl, CapFollower
 from edgetrain.common.models import get_model
 from edgetrain.common.presets import quick_job
 from edgetrain.common.profiling import profile

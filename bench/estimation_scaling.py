@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from edgetrain.tasks.client import EdgeTrainClient
-from edgetrain.workers.cluster import LocalCluster
+from edgetrain.workers.processes.cluster import LocalCluster
 
 REQUEST = {
     "model": "smallcnn",

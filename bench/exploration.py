@@ -6,7 +6,7 @@ target accuracy, two device twins with their caps, and a set of batch sizes. "re
 pre-train on Fashion-MNIST and fine-tune on handwritten digits with another set of digits as the
 proxy; "poor" settings start from a seeded initialisation, with a proxy of another kind (digits
 for clothes, clothes for digits). Seeds 0-3 are for tuning, 100-105 are held out: no rule or
-number in common/belief.py, common/exploration.py or common/trust.py was chosen on them.
+number in common/finetune/belief.py, common/finetune/exploration.py or common/finetune/trust.py was chosen on them.
 
 For each setting, real training (cached by bench/runs.py): the pre-trained weights, the proxy's
 N_b (2 seeds: the server pool's vector) and the target's solo runs at every batch size (one per
@@ -18,10 +18,10 @@ earlier job on the data, as a fleet's do.
 A job is replayed against those curves: at batch size b with seed s it trains along the
 recorded curve of (b, s); a switch at sample n continues on the new batch size's curve from the
 sample where it first reaches the test loss reached so far (a solo run's progress is its test
-loss: common/learned.py), plus one evaluation interval for the switch. edgetrain's decisions
-are the product's own: the belief (common/belief.py), the learned trust in the proxy
-(common/trust.py), the exploration policy at the start and the loop's decisions at every
-evaluation (common/exploration.py, common/closed_loop.py's settings). Device time is the
+loss: common/finetune/learned.py), plus one evaluation interval for the switch. edgetrain's decisions
+are the product's own: the belief (common/finetune/belief.py), the learned trust in the proxy
+(common/finetune/trust.py), the exploration policy at the start and the loop's decisions at every
+evaluation (common/finetune/exploration.py, common/finetune/closed_loop.py's settings). Device time is the
 table's T[b][f*_b] / N_s per sample (SIMULATED twins), the same for every method.
 
 Compared per job, like for like on the same seed: Baseline 1, the paper's plain equation (4)
@@ -40,15 +40,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.runs import EVAL_EVERY, pretrained, reference_run, table, vector
-from edgetrain.common.belief import belief
-from edgetrain.common.closed_loop import LoopSettings
 from edgetrain.common.devices.simulated import load_twin
-from edgetrain.common.exploration import Candidate, ExplorationPolicy, baseline1_per_sample_s, candidates
-from edgetrain.common.learned import DataIdentity, Envelope, FinetuneRecord, Segment
+from edgetrain.common.finetune.belief import belief
+from edgetrain.common.finetune.closed_loop import LoopSettings
+from edgetrain.common.finetune.exploration import Candidate, ExplorationPolicy, baseline1_per_sample_s, candidates
+from edgetrain.common.finetune.learned import DataIdentity, Envelope, FinetuneRecord, Segment
+from edgetrain.common.finetune.trust import ProxyCheck, proxy_check, trust_width
 from edgetrain.common.schemas import LearningRatePolicy, ProfileTable, RelationVector, Selection
 from edgetrain.common.selection import Baseline1, Equation4, Oracle, SelectionError
 from edgetrain.common.tables import rows_of
-from edgetrain.common.trust import ProxyCheck, proxy_check, trust_width
 
 TUNING_SEEDS = [0, 1, 2, 3]
 HELD_OUT_SEEDS = [100, 101, 102, 103, 104, 105]

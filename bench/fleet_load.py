@@ -38,7 +38,7 @@ from pathlib import Path
 import psutil
 
 from edgetrain.common.devices.twin_spec import builtin_twins
-from edgetrain.common.jobs import JobStatus, PartState
+from edgetrain.common.jobs.state import JobStatus, PartState
 from edgetrain.common.keys import table_id, vector_key
 from edgetrain.common.presets import quick_job
 from edgetrain.common.profiling import software_versions
@@ -47,7 +47,7 @@ from edgetrain.common.settings import Settings
 from edgetrain.common.store import Store
 from edgetrain.tasks.client import EdgeTrainClient
 from edgetrain.tasks.contract import device_queue
-from edgetrain.workers.cluster import LocalCluster
+from edgetrain.workers.processes.cluster import LocalCluster
 
 TWINS = ["jetson-nano", "jetson-tx2-nx", "jetson-orin-nano", "jetson-orin-nx", "jetson-agx-orin"]
 SHAPE = [1, 28, 28]  # smallcnn
@@ -241,11 +241,11 @@ def scrape_run(devices: int, repeat: int = 10) -> dict:
     from prometheus_client import generate_latest
 
     from edgetrain.common.control_axis import ControlAxis
-    from edgetrain.common.part_events import Dispatched, Identified
+    from edgetrain.common.jobs.events import Dispatched, Identified
     from edgetrain.common.payloads import finetune_request
     from edgetrain.common.schemas import Selection
-    from edgetrain.workers.cluster import EmbeddedRedis
-    from edgetrain.workers.exporter import registry
+    from edgetrain.workers.processes.cluster import EmbeddedRedis
+    from edgetrain.workers.processes.exporter import registry
 
     with tempfile.TemporaryDirectory() as tmp:
         server = EmbeddedRedis(Path(tmp))

@@ -25,8 +25,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from edgetrain.common.presets import quick_job  # noqa: E402
 from edgetrain.common.testing.prometheus import Exporter, Prometheus  # noqa: E402
 from edgetrain.tasks.client import EdgeTrainClient, poll_until  # noqa: E402
-from edgetrain.workers.cluster import LocalCluster  # noqa: E402
-from edgetrain.workers.demo import DEMO_DEVICES  # noqa: E402
+from edgetrain.workers.commands.demo import DEMO_DEVICES  # noqa: E402
+from edgetrain.workers.processes.cluster import LocalCluster  # noqa: E402
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 UNITS = {"watt": "W", "hertz": "Hz", "percentunit": "accuracy / target", "s": "s (device time)", "bytes": "bytes"}

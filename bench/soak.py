@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from edgetrain.common.jobs import PartState
+from edgetrain.common.jobs.state import PartState
 from edgetrain.common.presets import quick_job
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
-from edgetrain.workers.cluster import LocalCluster, WorkerProcess
+from edgetrain.workers.processes.cluster import LocalCluster, WorkerProcess
 
 DEVICE_ID = "soak-1"
 BACKEND = "sim:jetson-nano"

@@ -21,12 +21,12 @@
     <p>:profiling:<type>:<model>           ProfilingProgress JSON: a table being measured (expires)
     <p>:pretrained:<key>                   PretrainResult JSON: weights pre-trained for a request
     <p>:learned:<data key>                 list of FinetuneRecord JSON, newest first: what fine-tunes
-                                           on that data measured (common/learned.py)
+                                           on that data measured (common/finetune/learned.py)
     <p>:learned-count:<data key>           how many records were ever kept under that data key
     <p>:learned-live:<data key>            hash record id -> FinetuneRecord JSON of the fine-tunes on that
                                            data running now (their solo curve so far; expires)
     <p>:learned-trust:<proxy family>       hash data key -> ProxyCheck JSON: how far that proxy's r_b were
-                                           from what runs on each data measured (common/trust.py)
+                                           from what runs on each data measured (common/finetune/trust.py)
     <p>:learned-index:<kind key>           set of data keys of one kind of data (model, weights,
                                            dataset name): priors from similar data
     <p>:claim:<resource>                   who is producing a table or vector (expires)

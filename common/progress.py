@@ -20,7 +20,7 @@ from pydantic import Field
 from .schemas import EstimationRequest, Strict, TrainingOutcome, utc_now
 
 if TYPE_CHECKING:
-    from .jobs import FinetuneProgress
+    from .jobs.state import FinetuneProgress
 
 REPORT_EVERY_S = 1.0
 T = TypeVar("T")

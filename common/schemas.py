@@ -546,7 +546,7 @@ class ConfigurationRun(Strict):
 
 
 class ExplorationReport(Strict):
-    """A batch size a fine-tune explored (common/exploration.py): why, against which measured
+    """A batch size a fine-tune explored (common/finetune/exploration.py): why, against which measured
     batch sizes, the most it could cost the run (a fraction of the exploit choice's expected
     time), and what came of it."""
 

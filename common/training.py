@@ -162,7 +162,7 @@ Progress = Callable[[int, float, DeviceTotals], None]  # samples, accuracy, tota
 
 
 class StepControl(Protocol):
-    """Changes the run between steps (common/adaptive.py): batch size, frequency, pauses."""
+    """Changes the run between steps (common/finetune/adaptive.py): batch size, frequency, pauses."""
 
     def before_step(self, run: DeviceTotals) -> None:
         """Called at each step boundary before the step; may idle the device (adding to `run`)."""

@@ -16,15 +16,19 @@ from typing import Any, Generic, TypeVar
 import redis
 from pydantic import ValidationError
 
-from edgetrain.common.admission import dataset_refs, spec_problems
-from edgetrain.common.belief import Belief, belief
 from edgetrain.common.datasets import USER_DATA, DatasetMissingError, locate
 from edgetrain.common.documents import nesting_problem
 from edgetrain.common.federated.partition import spec_share_problem
 from edgetrain.common.federated.records import FederatedRecord, FederatedState, FederatedStatus
 from edgetrain.common.federated.spec import FederatedSpec
+from edgetrain.common.finetune.belief import Belief, belief
+from edgetrain.common.finetune.learned import DataIdentity
+from edgetrain.common.finetune.trust import proxy_family, trust_width
 from edgetrain.common.ids import checked_id
-from edgetrain.common.jobs import TERMINAL, DevicePart, JobState, JobStatus, JobSummary, PartState
+from edgetrain.common.jobs.admission import dataset_refs, spec_problems
+from edgetrain.common.jobs.events import Refused, Requeued
+from edgetrain.common.jobs.reports import JobReport
+from edgetrain.common.jobs.state import TERMINAL, DevicePart, JobState, JobStatus, JobSummary, PartState
 from edgetrain.common.keys import (
     DEFAULT_PREFIX,
     learned_key,
@@ -33,15 +37,12 @@ from edgetrain.common.keys import (
     vector_key,
     vector_resource,
 )
-from edgetrain.common.learned import DataIdentity
 from edgetrain.common.limits import STATUS_PARTS
 from edgetrain.common.models import get_model
-from edgetrain.common.part_events import Refused, Requeued
 from edgetrain.common.payloads import PretrainRequest, PretrainResult, profile_request
 from edgetrain.common.polling import poll_until
 from edgetrain.common.progress import EstimationProgress, Preparation, ProfilingProgress, estimation_progress
 from edgetrain.common.redis_health import RedisFull, RedisUnsafe, full_message, refuse_unsafe
-from edgetrain.common.reports import JobReport
 from edgetrain.common.schemas import (
     DatasetRef,
     DeviceCap,
@@ -55,7 +56,6 @@ from edgetrain.common.schemas import (
 from edgetrain.common.settings import Settings, get_data_settings
 from edgetrain.common.store import JobFinished, JobNotFoundError, LiveWorker, Store, claim_token
 from edgetrain.common.store.resources import OnSetAside
-from edgetrain.common.trust import proxy_family, trust_width
 
 from .app import producer_app
 from .contract import TaskName, device_queue, send
@@ -443,7 +443,7 @@ class EdgeTrainClient:
         return self.store.resources.vector(vector_key(record.spec.estimation_request()), on_set_aside)
 
     def beliefs(self, job_id: str, vector: RelationVector) -> dict[str, Belief]:
-        """What the fleet believes now about the N_b of each data of a job (common/belief.py), by
+        """What the fleet believes now about the N_b of each data of a job (common/finetune/belief.py), by
         data label, from the records of runs on it and `vector` (the job's proxy vector) trusted
         as far as it earned on other data; data read from a path on the devices is left out."""
         record = self.store.jobs.record(checked_id(job_id, "job_id"))

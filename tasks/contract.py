@@ -123,7 +123,7 @@ def send(
     (default: a new id); `job_id` names the job it serves in its label when the payload does
     not, `setting` the device setting it trains at, in words. The message is pushed onto the
     queue's list and nothing else (no declaration, which would read the queue), so a sender
-    needs only the right to push there (workers/redis_acl.py).
+    needs only the right to push there (workers/commands/redis_acl.py).
     Only an `awaited` task's result is stored: the others report through the store, and Flower
     reads how they ended from the workers' events (a task that fails is stored all the same)."""
     route = queue or FIXED_ROUTES.get(task)

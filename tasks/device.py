@@ -20,13 +20,11 @@ from celery.exceptions import Reject
 from celery.utils.log import get_task_logger
 from redis import RedisError
 
-from edgetrain.common.checkpoints import remove_checkpoints
-from edgetrain.common.finetune import CancelledRun, FineTune, Options, Stopping, Superseded
-from edgetrain.common.jobs import CheckpointRef, EventKind, FinetuneProgress, PartState, Started
-from edgetrain.common.keys import learned_key, similar_key, table_id
-from edgetrain.common.learned import FinetuneRecord, data_identity
-from edgetrain.common.models import get_model
-from edgetrain.common.part_events import (
+from edgetrain.common.finetune.checkpoints import remove_checkpoints
+from edgetrain.common.finetune.learned import FinetuneRecord, data_identity
+from edgetrain.common.finetune.recipe import CancelledRun, FineTune, Options, Stopping, Superseded
+from edgetrain.common.finetune.trust import proxy_check, proxy_family, trust_width
+from edgetrain.common.jobs.events import (
     AttemptCancelled,
     AttemptFailed,
     AttemptFinished,
@@ -39,12 +37,14 @@ from edgetrain.common.part_events import (
     ReportMismatch,
     request_digest,
 )
+from edgetrain.common.jobs.state import CheckpointRef, EventKind, FinetuneProgress, PartState, Started
+from edgetrain.common.keys import learned_key, similar_key, table_id
+from edgetrain.common.models import get_model
 from edgetrain.common.payloads import FinetuneRequest, ProfileRequest, ProfileResult, profile_resource
 from edgetrain.common.profiling import profile
 from edgetrain.common.schemas import LearningRatePolicy, RelationVector, RunReport
 from edgetrain.common.store import Applied, JobNotFoundError, Store, Written
 from edgetrain.common.tables import merge, storable_problem
-from edgetrain.common.trust import proxy_check, proxy_family, trust_width
 
 from .app import app
 from .context import attempts_exceeded, bound_device, settings, store
@@ -97,7 +97,7 @@ def profile_device(self: Task, request: ProfileRequest) -> ProfileResult | None:
 
 @app.task(name=TaskName.finetune.value, **DEVICE_TASK_OPTIONS)
 def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
-    """Run the fine-tune the control worker dispatched as this task (common/finetune.py) as one
+    """Run the fine-tune the control worker dispatched as this task (common/finetune/recipe.py) as one
     attempt of its part: the part accepts it only for the task and request it dispatched and
     while no other attempt runs it; a checkpoint of an earlier attempt is continued from."""
     device = bound_device(request.device_id)
@@ -152,9 +152,9 @@ def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
 
 
 class _Memory:
-    """What fine-tunes on this data measured (common/learned.py), kept in Redis for later jobs;
+    """What fine-tunes on this data measured (common/finetune/learned.py), kept in Redis for later jobs;
     the fine-tunes running on it now; and how far the proxy's r_b were on other data
-    (common/trust.py). A read or write that fails is a warning: the run goes on with what it has."""
+    (common/finetune/trust.py). A read or write that fails is a warning: the run goes on with what it has."""
 
     def __init__(self, request: FinetuneRequest, prior: RelationVector | None):
         self.data = data_identity(request.dataset, settings().readable_data_roots())
@@ -220,7 +220,7 @@ class _Memory:
 
 
 class _Writer:
-    """What an attempt writes, through the store's fence on its token (common/finetune.py);
+    """What an attempt writes, through the store's fence on its token (common/finetune/recipe.py);
     its progress is also `shown` and the configuration it starts at `said` (Flower)."""
 
     def __init__(self, job_id: str, device_id: str, attempt: str, shown: Callable[[FinetuneProgress], None],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from edgetrain.common.jobs import DISPATCHED, TERMINAL, JobStatus, PartState
+from edgetrain.common.jobs.state import DISPATCHED, TERMINAL, JobStatus, PartState
 from edgetrain.common.store import WorkerInfo
 
 from .contract import CONTROL_QUEUE, SERVER_QUEUE, device_queue

@@ -1,4 +1,4 @@
-"""Carrying out a planner's effects that claim a shared resource (common/effects.py): a lookup
+"""Carrying out a planner's effects that claim a shared resource (common/jobs/effects.py): a lookup
 table or a relation vector is produced once for every job that needs it; a job that does not
 win the claim waits for the one that did, and is advanced when it is ready or failed."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from edgetrain.common.effects import ClaimAndEstimate, ClaimAndProfile
-from edgetrain.common.jobs import EventField
+from edgetrain.common.jobs.effects import ClaimAndEstimate, ClaimAndProfile
+from edgetrain.common.jobs.state import EventField
 from edgetrain.common.keys import table_resource, vector_resource
 from edgetrain.common.store import claim_token
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from celery.utils.log import get_task_logger
 
-from edgetrain.common.effects import Aggregate, ClaimAndProfile, SendTrain
 from edgetrain.common.federated.events import Finished, Refused
 from edgetrain.common.federated.planner import RoundView, Step, plan_round
 from edgetrain.common.federated.records import FederatedRecord, FederatedState, Phase
-from edgetrain.common.jobs import EventKind
+from edgetrain.common.jobs.effects import Aggregate, ClaimAndProfile, SendTrain
+from edgetrain.common.jobs.state import EventKind
 from edgetrain.common.keys import table_id, table_resource
 from edgetrain.common.models import get_model
 from edgetrain.common.schemas import utc_now

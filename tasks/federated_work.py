@@ -19,7 +19,7 @@ from edgetrain.common.federated.data import device_data, num_classes, test_set
 from edgetrain.common.federated.events import Accepted, Refused, RoundAggregated, UpdateAccepted, UpdateRefused
 from edgetrain.common.federated.records import AggregateRequest, FederatedRecord, FederatedState, LocalUpdate, Phase, TrainRequest
 from edgetrain.common.federated.rounds import State, fedavg, global_accuracy, round_record, train_round
-from edgetrain.common.jobs import EventKind
+from edgetrain.common.jobs.state import EventKind
 from edgetrain.common.models import get_model
 from edgetrain.common.security import artifact_path
 from edgetrain.common.workload import measure_workload

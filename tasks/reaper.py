@@ -29,9 +29,9 @@ import threading
 from celery import Celery
 from typing_extensions import override
 
-from edgetrain.common.jobs import DISPATCHED, EventKind
+from edgetrain.common.jobs.events import AttemptLost, Redispatched, Refused
+from edgetrain.common.jobs.state import DISPATCHED, EventKind
 from edgetrain.common.keys import vector_key, vector_resource
-from edgetrain.common.part_events import AttemptLost, Redispatched, Refused
 from edgetrain.common.payloads import ProfileRequest, ProxyRunRequest, profile_resource
 from edgetrain.common.settings import Settings
 from edgetrain.common.store import JobNotFoundError, Lease, Store, token_job

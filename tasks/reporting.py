@@ -12,7 +12,7 @@ from celery.utils.log import get_task_logger
 from kombu.exceptions import OperationalError
 from redis import RedisError
 
-from edgetrain.common.jobs import FinetuneProgress
+from edgetrain.common.jobs.state import FinetuneProgress
 from edgetrain.common.progress import ProfilingProgress, ProxyRunProgress, finetune_line, throttled
 
 from .context import store

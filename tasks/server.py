@@ -6,10 +6,10 @@ from __future__ import annotations
 from celery import Task
 from celery.utils.log import get_task_logger
 
-from edgetrain.common.admission import spec_problems
 from edgetrain.common.estimation import aggregate
 from edgetrain.common.estimation import pretrain as run_pretrain
 from edgetrain.common.estimation import train_proxy as run_proxy
+from edgetrain.common.jobs.admission import spec_problems
 from edgetrain.common.keys import vector_key, vector_resource
 from edgetrain.common.payloads import (
     EstimateResult,

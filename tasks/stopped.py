@@ -22,8 +22,8 @@ from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery import Task
 from celery.signals import task_failure, task_revoked
 
+from edgetrain.common.jobs.events import AttemptCancelled, Cancelled, Failed, PartEvent, Refused
 from edgetrain.common.keys import vector_key, vector_resource
-from edgetrain.common.part_events import AttemptCancelled, Cancelled, Failed, PartEvent, Refused
 from edgetrain.common.payloads import FinetuneRequest, JobPage, ProfileRequest, ProxyRunRequest, profile_resource
 from edgetrain.common.schemas import EstimationRequest
 from edgetrain.common.store import JobNotFoundError, Lease

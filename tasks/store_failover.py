@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from edgetrain.common.jobs import EventKind
+from edgetrain.common.jobs.state import EventKind
 from edgetrain.common.store import Store
 
 logger = logging.getLogger(__name__)

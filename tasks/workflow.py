@@ -1,7 +1,7 @@
 """The job workflow: advances on events and never waits on a result inside a task.
 
 `advance_job` reads each device's part of a job from the store, asks the planner
-(common/planner.py) for its next step, applies the step's event to the part and, when it
+(common/jobs/planner.py) for its next step, applies the step's event to the part and, when it
 applied, carries out the step's effects: it claims and dispatches profiling and estimation,
 and sends `finetune` once a selection is recorded. Tasks that produce a table or a vector
 advance every job waiting on it. Repeated or concurrent advances of a page are harmless
@@ -16,10 +16,12 @@ import uuid
 
 from celery.utils.log import get_task_logger
 
-from edgetrain.common.admission import job_refusal
 from edgetrain.common.control_axis import ControlAxis
-from edgetrain.common.effects import AwaitDevice, ClaimAndEstimate, ClaimAndProfile, Note, ReleaseTableClaim, SendFineTune
-from edgetrain.common.jobs import (
+from edgetrain.common.jobs.admission import job_refusal
+from edgetrain.common.jobs.effects import AwaitDevice, ClaimAndEstimate, ClaimAndProfile, Note, ReleaseTableClaim, SendFineTune
+from edgetrain.common.jobs.events import Failed, PartEvent, Refused
+from edgetrain.common.jobs.planner import PartView, Step, plan, resource_ids
+from edgetrain.common.jobs.state import (
     TERMINAL,
     DevicePart,
     EventField,
@@ -29,9 +31,7 @@ from edgetrain.common.jobs import (
 )
 from edgetrain.common.keys import table_resource, vector_resource
 from edgetrain.common.limits import RECORDS_KEPT
-from edgetrain.common.part_events import Failed, PartEvent, Refused
 from edgetrain.common.payloads import FinetuneRequest, JobPage, device_page
-from edgetrain.common.planner import PartView, Step, plan, resource_ids
 from edgetrain.common.schemas import (
     DeviceTarget,
     ProfileTable,
@@ -202,7 +202,7 @@ _refusals: dict[str, str | None] = {}
 
 
 def report(job_id: str, device_id: str, event: PartEvent, seen: DevicePart | None = None) -> Applied | None:
-    """Apply an event to a part (common/part_events.py decides; the store writes it only if the
+    """Apply an event to a part (common/jobs/events.py decides; the store writes it only if the
     part is still as decided on: `seen`, as this step read it, else as read again); None when it
     does not apply to the part as it is now (logged)."""
     try:

@@ -11,8 +11,8 @@ import pytest
 
 from edgetrain.common.settings import get_data_settings, reload_settings
 from edgetrain.common.store import Store
-from edgetrain.workers.cluster import EmbeddedRedis
-from edgetrain.workers.data_fetch import fetch
+from edgetrain.workers.commands.data_fetch import fetch
+from edgetrain.workers.processes.cluster import EmbeddedRedis
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from edgetrain.common.jobs import PartState
+from edgetrain.common.jobs.state import PartState
 from edgetrain.common.limits import STATUS_PARTS
 
 from .cli_args import (
@@ -26,9 +26,10 @@ from .cli_args import (
     settings_from,
     warn_secret_on_command_line,
 )
-from .device_cli import add_device_commands
-from .evaluate import add_evaluate_command
-from .output import (
+from .commands.device_cli import add_device_commands
+from .commands.evaluate import add_evaluate_command
+from .commands.profile_cli import add_profile_commands
+from .rendering.output import (
     format_data_fetch,
     format_data_status,
     format_fleet,
@@ -40,7 +41,6 @@ from .output import (
     note,
     print_json,
 )
-from .profile_cli import add_profile_commands
 
 if TYPE_CHECKING:
     from edgetrain.common.federated.records import FederatedStatus
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """`edgetrain demo`."""
-    from .demo import run_demo
+    from .commands.demo import run_demo
 
     return run_demo(args.json, Path(args.report) if args.report else None)
 
@@ -61,17 +61,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.log_format:
         settings = settings.model_copy(update={"log_format": args.log_format})
     if args.role == "server":
-        from .server_worker import run_server_workers
+        from .processes.server_worker import run_server_workers
 
         return run_server_workers(settings, args.name, args.concurrency, args.gpus, args.loglevel)
     if args.role == "control":
         from edgetrain.tasks.contract import CONTROL_QUEUE
 
-        from .celery_worker import run_worker
+        from .processes.celery_worker import run_worker
 
         return run_worker(settings, "control", [CONTROL_QUEUE], args.name or "control", args.concurrency, args.loglevel,
                           ("edgetrain.tasks.workflow", "edgetrain.tasks.federated"))  # fmt: skip
-    from .device_worker import make_device, run_device_worker
+    from .processes.device_worker import make_device, run_device_worker
 
     if not args.device_id or not args.backend:
         print("edgetrain worker device: --device-id and --backend are required", file=sys.stderr)
@@ -109,7 +109,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from edgetrain.common.federated.spec import FederatedSpec
     from edgetrain.tasks.client import JobSpecError, datasets_missing_here, is_federated, validate_federated, validate_job
 
-    from .progress import JobProgress
+    from .rendering.progress import JobProgress
 
     try:
         raw = read_document(args.job, "job spec")
@@ -162,7 +162,7 @@ def _submit_federated(args: argparse.Namespace, client: EdgeTrainClient, spec: F
     the job at the end on stdout; exit 0 when it reached its target, 1 when not."""
     from edgetrain.common.federated.records import Phase
 
-    from .federated_output import format_federated
+    from .rendering.federated_output import format_federated
 
     job_id = client.submit_federated(spec)
     print(job_id, flush=True)
@@ -187,7 +187,7 @@ def _submit_federated(args: argparse.Namespace, client: EdgeTrainClient, spec: F
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     """`edgetrain jobs [--state S]`: the newest jobs."""
-    from edgetrain.common.jobs import JobState
+    from edgetrain.common.jobs.state import JobState
 
     client = _client(args)
     jobs = client.jobs(JobState(args.state) if args.state else None, args.limit)
@@ -272,9 +272,9 @@ def cmd_vector_show(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     """`edgetrain status JOB_ID [--device D]... [--state S] [--page N]`: every state prints,
     notes included; a big job's summary unless other parts are asked for."""
-    from edgetrain.common.reports import JobReport
+    from edgetrain.common.jobs.reports import JobReport
 
-    from .federated_output import format_federated
+    from .rendering.federated_output import format_federated
 
     client = _client(args)
     if (federated := client.federated_status(args.job_id)) is not None:
@@ -318,8 +318,8 @@ def cmd_data(args: argparse.Namespace) -> int:
     """`edgetrain data fetch|status`."""
     from edgetrain.common.settings import get_data_settings
 
-    from .data_fetch import FETCHERS, fetch, status
-    from .progress import activity
+    from .commands.data_fetch import FETCHERS, fetch, status
+    from .rendering.progress import activity
 
     data_dir = get_data_settings().data_dir  # no Redis setting is read: fetching needs none
     if args.data_command == "status":
@@ -340,7 +340,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 def cmd_flower(args: argparse.Namespace) -> int:
     """`edgetrain flower`: Flower for this cluster, behind a login unless on loopback."""
-    from .flower import (
+    from .processes.flower import (
         FlowerConfigError,
         checked_basic_auth,
         read_basic_auth,
@@ -362,7 +362,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """`edgetrain doctor [--json]`: what to fix in the deployment; exit status 1 when anything."""
     from edgetrain.common.store import Store
 
-    from .doctor import diagnose, summary
+    from .commands.doctor import diagnose, summary
 
     settings = settings_from(args)
     findings = diagnose(settings)
@@ -380,7 +380,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     """`edgetrain exporter`: the fleet's metrics for Prometheus."""
     import logging
 
-    from .exporter import serve
+    from .processes.exporter import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(settings_from(args), args.address, args.port)
@@ -392,7 +392,7 @@ def cmd_redis_acl(args: argparse.Namespace) -> int:
     --out only once complete; --make-secrets first makes the password files that are missing."""
     from edgetrain.common.files import write_atomically
 
-    from .redis_acl import acl_file, make_secrets, read_passwords
+    from .commands.redis_acl import acl_file, make_secrets, read_passwords
 
     try:
         if args.make_secrets and (made := make_secrets(args.passwords)):
@@ -412,7 +412,7 @@ def cmd_redis_acl(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `edgetrain` argument parser with every subcommand."""
-    from edgetrain.common.jobs import JobState
+    from edgetrain.common.jobs.state import JobState
     from edgetrain.common.keys import DEFAULT_PREFIX
 
     parser = argparse.ArgumentParser(prog="edgetrain", description=__doc__, parents=[connection_options()])
@@ -553,7 +553,7 @@ WORKER_COMMANDS = {"worker", "profile", "evaluate"}  # they send to device queue
 
 
 def needs_user(command: str) -> str:
-    """Which Redis user (workers/redis_acl.py) `edgetrain COMMAND` needs."""
+    """Which Redis user (workers/commands/redis_acl.py) `edgetrain COMMAND` needs."""
     if command in WORKER_COMMANDS:
         return "the worker user"
     return f"the {'monitor' if command in MONITOR_COMMANDS else 'submitter'} user (or worker)"

@@ -10,9 +10,9 @@ from enum import IntEnum
 from urllib.parse import parse_qs, urlparse
 
 from edgetrain.common.ids import InvalidIdError, checked_id
-from edgetrain.common.jobs import JobState, PartState
-from edgetrain.common.planner import never_registered
-from edgetrain.common.reports import JobReport
+from edgetrain.common.jobs.planner import never_registered
+from edgetrain.common.jobs.reports import JobReport
+from edgetrain.common.jobs.state import JobState, PartState
 from edgetrain.common.selection import InfeasibleCapError
 from edgetrain.common.settings import Settings
 

@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from ..jobs import EventField, EventKind, Refused
+from ..jobs.state import EventField, EventKind, Refused
 from ..schemas import Strict
 from .plan import Assignment
 from .records import FINAL, FederatedState, LocalUpdate, Phase, RoundRecord

@@ -2,7 +2,7 @@
 
 `plan_round(view) -> Step`, with no Redis and no Celery: tasks/federated.py reads the store into
 a `RoundView`, calls `plan_round`, applies the step's event (common/federated/events.py decides
-whether it applies) and, when it applied, carries out its effects (common/effects.py).
+whether it applies) and, when it applied, carries out its effects (common/jobs/effects.py).
 
 - A cancel asked for: `Cancelled`.
 - A round open: once every assigned update is in, or its deadline passed, `RoundClosed` with
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ..effects import Aggregate, ClaimAndProfile, Effect, SendTrain
+from ..jobs.effects import Aggregate, ClaimAndProfile, Effect, SendTrain
 from ..keys import table_id
 from ..models import get_model
 from ..payloads import profile_request

@@ -9,7 +9,7 @@ from enum import Enum
 from pydantic import Field
 
 from ..ids import Identifier
-from ..jobs import JobEvent
+from ..jobs.state import JobEvent
 from ..schemas import Strict, utc_now
 from .plan import Assignment
 from .spec import FederatedSpec

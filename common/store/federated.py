@@ -18,7 +18,7 @@ from redis.client import Pipeline
 
 from ..federated.events import Change, FederatedEvent, Refused, RoundAggregated, UpdateAccepted, transition
 from ..federated.records import FINAL, FederatedRecord, FederatedState, LocalUpdate, Phase, RoundRecord
-from ..jobs import EventKind, JobEvent
+from ..jobs.state import EventKind, JobEvent
 from ..keys import Keys
 from ..limits import MAX_EVENTS_KEPT
 from ..schemas import utc_now

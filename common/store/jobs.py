@@ -1,6 +1,6 @@
 """Job records: the spec as submitted, each device's part, progress and the event log.
 
-A part changes only through `apply`, which runs common/part_events.py's `transition` on the
+A part changes only through `apply`, which runs common/jobs/events.py's `transition` on the
 part as read and writes the change, only if the part is still so, in one script with
 everything that follows from it: the job's summary (parts per state), the device's index of
 unfinished jobs and of the job it runs, the ledger of dispatched fine-tunes, the event log
@@ -23,7 +23,8 @@ import redis
 from redis.client import Pipeline
 
 from ..ids import is_id
-from ..jobs import (
+from ..jobs.events import Change, PartEvent, transition
+from ..jobs.state import (
     TERMINAL,
     CheckpointRef,
     DevicePart,
@@ -40,7 +41,6 @@ from ..jobs import (
 )
 from ..keys import Keys
 from ..limits import MAX_EVENTS_KEPT, RECORDS_KEPT
-from ..part_events import Change, PartEvent, transition
 from ..schemas import JobSpec, utc_now
 from .connection import text, texts
 
@@ -288,7 +288,7 @@ class JobStore:
         return {pair: DevicePart.model_validate_json(raw) for pair, raw in zip(pairs, raws) if raw}
 
     def apply(self, job_id: str, device_id: str, event: PartEvent, seen: DevicePart | None = None) -> Applied:
-        """Apply `event` to the part of `device_id` (common/part_events.py decides the change)
+        """Apply `event` to the part of `device_id` (common/jobs/events.py decides the change)
         and write it, with what follows from it, only if the part did not change meanwhile (else
         read it again and decide again): one round trip from `seen` (the part as the caller
         read it), two otherwise. part_events.Refused when it does not apply, JobNotFoundError

@@ -1,14 +1,14 @@
-"""Fine-tune records kept for later jobs (common/learned.py): per data key, the newest first; the
+"""Fine-tune records kept for later jobs (common/finetune/learned.py): per data key, the newest first; the
 partial records of the fine-tunes running on a data now; and per proxy, how far its r_b were from
-what runs measured on each data (common/trust.py)."""
+what runs measured on each data (common/finetune/trust.py)."""
 
 from __future__ import annotations
 
 import redis
 
+from ..finetune.learned import FinetuneRecord
+from ..finetune.trust import ProxyCheck
 from ..keys import Keys
-from ..learned import FinetuneRecord
-from ..trust import ProxyCheck
 from .connection import text
 
 MAX_RECORDS = 50  # per data key: older records are dropped

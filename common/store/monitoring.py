@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import redis
 
-from ..jobs import DevicePart, FinetuneProgress, JobRecord, PartState
+from ..jobs.state import DevicePart, FinetuneProgress, JobRecord, PartState
 from ..keys import Keys
 from .connection import master_address, text, texts
 

@@ -4,8 +4,7 @@ report them (for tests of what users see in each state)."""
 from __future__ import annotations
 
 from edgetrain.common.control_axis import ControlAxis
-from edgetrain.common.jobs import DevicePart, PartState
-from edgetrain.common.part_events import (
+from edgetrain.common.jobs.events import (
     AttemptFinished,
     AttemptStarted,
     Cancelled,
@@ -15,6 +14,7 @@ from edgetrain.common.part_events import (
     Prepared,
     request_digest,
 )
+from edgetrain.common.jobs.state import DevicePart, PartState
 from edgetrain.common.payloads import finetune_request
 from edgetrain.common.schemas import RunReport, Selection
 from edgetrain.common.store import Store

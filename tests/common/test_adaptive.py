@@ -11,8 +11,8 @@ from pydantic import ValidationError
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from edgetrain.common.adaptive import AdaptiveControl, CapFollower, PowerGuard
 from edgetrain.common.devices.base import Measurement
+from edgetrain.common.finetune.adaptive import AdaptiveControl, CapFollower, PowerGuard
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceCap, DeviceTarget, JobSpec, LearningRatePolicy, ProfileTable, RelationVector
 from edgetrain.common.selection import Equation4

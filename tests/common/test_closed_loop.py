@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from edgetrain.common.adaptive import AdaptiveControl, CapFollower
-from edgetrain.common.belief import PAPER_TRUST
-from edgetrain.common.closed_loop import ClosedLoop, LoopSettings, RecordIdentity
 from edgetrain.common.devices.base import Measurement
-from edgetrain.common.exploration import ExplorationPolicy
-from edgetrain.common.learned import DataIdentity, FinetuneRecord, Segment, learned_vector
+from edgetrain.common.finetune.adaptive import AdaptiveControl, CapFollower
+from edgetrain.common.finetune.belief import PAPER_TRUST
+from edgetrain.common.finetune.closed_loop import ClosedLoop, LoopSettings, RecordIdentity
+from edgetrain.common.finetune.exploration import ExplorationPolicy
+from edgetrain.common.finetune.learned import DataIdentity, FinetuneRecord, Segment, learned_vector
 from edgetrain.common.schemas import DeviceTarget, LearningRatePolicy, ProfileTable, RelationVector
 from edgetrain.common.selection import Equation4
 from edgetrain.common.testing.devices import RecordedDevice

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from edgetrain.common.belief import PAPER_TRUST, belief
-from edgetrain.common.exploration import ExplorationPolicy, baseline1_per_sample_s, candidates
-from edgetrain.common.learned import DataIdentity, FinetuneRecord, Segment
+from edgetrain.common.finetune.belief import PAPER_TRUST, belief
+from edgetrain.common.finetune.exploration import ExplorationPolicy, baseline1_per_sample_s, candidates
+from edgetrain.common.finetune.learned import DataIdentity, FinetuneRecord, Segment
+from edgetrain.common.finetune.trust import PAPER_WEIGHT, ProxyCheck, proxy_check, trust_width
 from edgetrain.common.schemas import LearningRatePolicy, ProfileTable, RelationVector
-from edgetrain.common.trust import PAPER_WEIGHT, ProxyCheck, proxy_check, trust_width
 
 B = [16, 32, 64, 128]
 TRUE_N = {16: 6000, 32: 7000, 64: 8000, 128: 10000}  # the target's N_b: r_64 = 0.8

@@ -20,7 +20,7 @@ from edgetrain.common.federated.events import (
 )
 from edgetrain.common.federated.plan import Assignment
 from edgetrain.common.federated.records import DeviceRound, FederatedState, LocalUpdate, Phase, RoundRecord
-from edgetrain.common.jobs import EventKind
+from edgetrain.common.jobs.state import EventKind
 from edgetrain.common.schemas import utc_now
 
 NOW = utc_now()

@@ -4,11 +4,11 @@ its effects out; no Redis, no Celery."""
 import random
 from datetime import timedelta
 
-from edgetrain.common.effects import Aggregate, ClaimAndProfile, SendTrain
 from edgetrain.common.federated.events import Cancelled, Finished, RoundClosed, RoundOpened, Waiting
 from edgetrain.common.federated.planner import EMPTY_ROUNDS, RoundView, plan_round
 from edgetrain.common.federated.records import FederatedRecord, FederatedState, Phase
 from edgetrain.common.federated.spec import FederatedSpec
+from edgetrain.common.jobs.effects import Aggregate, ClaimAndProfile, SendTrain
 from edgetrain.common.schemas import DeviceCap, DeviceInfo, utc_now
 from edgetrain.common.tables import NoTable, Profile, Reuse
 from edgetrain.common.testing.tables import B, F, random_monotone_table

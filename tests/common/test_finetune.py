@@ -1,4 +1,4 @@
-"""The fine-tune recipe (common/finetune.py) without Celery or Redis: real training of the small
+"""The fine-tune recipe (common/finetune/recipe.py) without Celery or Redis: real training of the small
 CNN on a Nano twin (SIMULATED), with a writer that records what the run writes and answers as
 the store would (the attempt holds its part, the job is cancelled, another attempt took over)."""
 
@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
-from edgetrain.common.finetune import CancelledRun, FineTune, Options, Stopping, Superseded
-from edgetrain.common.jobs import CheckpointRef, EventKind, Started
-from edgetrain.common.learned import DataIdentity
+from edgetrain.common.finetune.learned import DataIdentity
+from edgetrain.common.finetune.recipe import CancelledRun, FineTune, Options, Stopping, Superseded
+from edgetrain.common.jobs.state import CheckpointRef, EventKind, Started
 from edgetrain.common.payloads import finetune_request
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import JobSpec, ProfileTable, RelationVector, Selection, VectorProvenance

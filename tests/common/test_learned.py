@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from edgetrain.common.finetune.learned import DataIdentity, FinetuneRecord, Segment, data_identity, learned_vector, warp_ratio
 from edgetrain.common.keys import learned_key, similar_key
-from edgetrain.common.learned import DataIdentity, FinetuneRecord, Segment, data_identity, learned_vector, warp_ratio
 from edgetrain.common.schemas import DatasetRef, LearningRatePolicy, RelationVector
 from edgetrain.common.security import RefusedError
 from edgetrain.common.store.learned import MAX_RECORDS
@@ -149,7 +149,7 @@ def test_evaluation_keeps_the_test_loss_of_the_same_pass() -> None:
 
 def test_vector_show_says_where_the_numbers_come_from() -> None:
     from edgetrain.common.schemas import EstimationRequest
-    from edgetrain.workers.output import format_vector
+    from edgetrain.workers.rendering.output import format_vector
 
     learned = learned_vector([record(8, 1.0, "a", n=9000), record(32, 1.5, "b", n=6000)], PRIOR)
     assert learned is not None

@@ -1,4 +1,4 @@
-"""The rules of a part's transitions (common/part_events.py), without Redis: each event from
+"""The rules of a part's transitions (common/jobs/events.py), without Redis: each event from
 each state, stale and forged attempts, and reports that do not match what was dispatched."""
 
 from datetime import datetime, timedelta, timezone
@@ -6,8 +6,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from edgetrain.common.control_axis import ControlAxis
-from edgetrain.common.jobs import TERMINAL, DevicePart, EventKind, PartState, Started
-from edgetrain.common.part_events import (
+from edgetrain.common.jobs.events import (
     AttemptCancelled,
     AttemptFailed,
     AttemptFinished,
@@ -30,6 +29,7 @@ from edgetrain.common.part_events import (
     request_digest,
     transition,
 )
+from edgetrain.common.jobs.state import TERMINAL, DevicePart, EventKind, PartState, Started
 from edgetrain.common.payloads import finetune_request
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import ConfigSwitch, JobSpec, RunReport, Selection

@@ -6,11 +6,11 @@ from datetime import timedelta
 import pytest
 
 from edgetrain.common.control_axis import ControlAxis
-from edgetrain.common.effects import AwaitDevice, ClaimAndEstimate, ClaimAndProfile, Note, SendFineTune
-from edgetrain.common.jobs import DevicePart, PartState
+from edgetrain.common.jobs.effects import AwaitDevice, ClaimAndEstimate, ClaimAndProfile, Note, SendFineTune
+from edgetrain.common.jobs.events import Dispatched, Failed, Prepared, Waiting
+from edgetrain.common.jobs.planner import PartView, Step, plan
+from edgetrain.common.jobs.state import DevicePart, PartState
 from edgetrain.common.keys import table_id, vector_key
-from edgetrain.common.part_events import Dispatched, Failed, Prepared, Waiting
-from edgetrain.common.planner import PartView, Step, plan
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, JobSpec, RelationVector, utc_now
 from edgetrain.common.selection import Energy, Robust, TimeWithinEnergyBudget, ZeusCost, lowest_feasible_cap_w, strategy_for

@@ -16,7 +16,7 @@ from edgetrain.common.redis_health import RedisFull, RedisUnsafe, problems, read
 from edgetrain.common.settings import Settings
 from edgetrain.common.store import JobNotFoundError, Store, WorkerInfo
 from edgetrain.tasks.client import EdgeTrainClient
-from edgetrain.workers.heartbeat import Heartbeat
+from edgetrain.workers.processes.heartbeat import Heartbeat
 
 
 @pytest.fixture

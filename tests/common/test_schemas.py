@@ -2,7 +2,7 @@ from collections import Counter
 
 import pytest
 
-from edgetrain.common.jobs import JobState, PartState, state_of_counts
+from edgetrain.common.jobs.state import JobState, PartState, state_of_counts
 from edgetrain.common.presets import QUICK_JOB, quick_job
 from edgetrain.common.schemas import LearningRatePolicy
 from edgetrain.tasks.client import JobSpecError, validate_job

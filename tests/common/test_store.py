@@ -3,9 +3,7 @@ import time
 import pytest
 
 from edgetrain.common.control_axis import ControlAxis
-from edgetrain.common.jobs import EventKind, FinetuneProgress, JobState, PartState
-from edgetrain.common.keys import table_id
-from edgetrain.common.part_events import (
+from edgetrain.common.jobs.events import (
     AttemptFailed,
     AttemptFinished,
     AttemptLost,
@@ -18,6 +16,8 @@ from edgetrain.common.part_events import (
     Requeued,
     request_digest,
 )
+from edgetrain.common.jobs.state import EventKind, FinetuneProgress, JobState, PartState
+from edgetrain.common.keys import table_id
 from edgetrain.common.payloads import finetune_request
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, JobSpec, ProfileTable, RelationVector, RunReport, Selection, TrainingOutcome

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from edgetrain.common.settings import Settings
-from edgetrain.workers.exporter import FleetCollector
+from edgetrain.workers.processes.exporter import FleetCollector
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 PROMETHEUS = DEPLOY / "prometheus"

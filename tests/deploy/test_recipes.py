@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from edgetrain.common.settings import Settings
-from edgetrain.workers.redis_acl import ROLES, acl_file, password_hash
+from edgetrain.workers.commands.redis_acl import ROLES, acl_file, password_hash
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 

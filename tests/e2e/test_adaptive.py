@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from edgetrain.common.jobs import EventKind, PartState
+from edgetrain.common.jobs.state import EventKind, PartState
 from edgetrain.common.presets import quick_job
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
-from edgetrain.workers.cluster import LocalCluster
+from edgetrain.workers.processes.cluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
 

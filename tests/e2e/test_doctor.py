@@ -22,9 +22,9 @@ from edgetrain.common.testing.fake_sysfs import build_nano
 from edgetrain.common.testing.redis_processes import RedisProcess, redis_binary
 from edgetrain.common.testing.redis_server import TlsRedis
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
-from edgetrain.workers.cluster import LocalCluster
-from edgetrain.workers.demo import DEMO_DEVICES
-from edgetrain.workers.redis_acl import ROLES, acl_file
+from edgetrain.workers.commands.demo import DEMO_DEVICES
+from edgetrain.workers.commands.redis_acl import ROLES, acl_file
+from edgetrain.workers.processes.cluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
 LIBFAKETIME = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))), None)  # Debian's faketime package

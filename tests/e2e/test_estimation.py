@@ -6,7 +6,7 @@ import time
 import pytest
 
 from edgetrain.tasks.client import EdgeTrainClient
-from edgetrain.workers.cluster import LocalCluster
+from edgetrain.workers.processes.cluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
 

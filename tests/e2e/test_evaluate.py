@@ -12,7 +12,7 @@ import pytest
 
 from edgetrain.common.evaluation import METHODS
 from edgetrain.common.store import Store
-from edgetrain.workers.cluster import EmbeddedRedis
+from edgetrain.workers.processes.cluster import EmbeddedRedis
 
 pytestmark = pytest.mark.e2e
 TIMEOUT_S = 300

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from edgetrain.common.jobs import EventKind, PartState
+from edgetrain.common.jobs.state import EventKind, PartState
 from edgetrain.common.keys import table_id, table_resource
 from edgetrain.common.presets import quick_job
 from edgetrain.common.settings import Settings
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
-from edgetrain.workers.cluster import EmbeddedRedis, LocalCluster
+from edgetrain.workers.processes.cluster import EmbeddedRedis, LocalCluster
 
 pytestmark = pytest.mark.e2e
 DEFAULTS = Settings()

@@ -18,7 +18,7 @@ from edgetrain.tasks.client import EdgeTrainClient, poll_until
 from edgetrain.tasks.contract import TaskName, device_queue, send
 from edgetrain.workers.cli import main
 from edgetrain.workers.cli_args import ExitCode
-from edgetrain.workers.cluster import LocalCluster
+from edgetrain.workers.processes.cluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
 FLEET = {"nano-f": "sim:jetson-nano", "tx2-f": "sim:jetson-tx2-nx", "orin-f": "sim:jetson-agx-orin"}

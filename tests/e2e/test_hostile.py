@@ -16,10 +16,10 @@ import torch
 from celery.result import AsyncResult
 
 from edgetrain.common.control_axis import ControlAxis
-from edgetrain.common.jobs import PartState
+from edgetrain.common.jobs.events import Dispatched, Identified
+from edgetrain.common.jobs.state import PartState
 from edgetrain.common.keys import vector_key, vector_resource
 from edgetrain.common.models import build_model
-from edgetrain.common.part_events import Dispatched, Identified
 from edgetrain.common.payloads import FinetuneRequest
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import EstimationRequest, JobSpec, Selection, TrainingOutcome
@@ -27,7 +27,7 @@ from edgetrain.common.settings import Settings
 from edgetrain.tasks.app import producer_app
 from edgetrain.tasks.client import EdgeTrainClient
 from edgetrain.tasks.contract import CONTROL_QUEUE, SERVER_QUEUE, TaskName, device_queue
-from edgetrain.workers.cluster import LocalCluster
+from edgetrain.workers.processes.cluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
 DEVICE = "nano-h"

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from edgetrain.workers.cluster import EmbeddedRedis
+from edgetrain.workers.processes.cluster import EmbeddedRedis
 
 pytestmark = pytest.mark.e2e
 
 RUN_A_CLUSTER = """
 import json, sys, time
 from pathlib import Path
-from edgetrain.workers.cluster import LocalCluster
+from edgetrain.workers.processes.cluster import LocalCluster
 with LocalCluster(Path(sys.argv[1]), server_workers=1) as cluster:
     pids = [w.process.pid for w in cluster.workers] + [cluster._redis.process.pid]
     print(json.dumps(pids), flush=True)

@@ -12,7 +12,7 @@ import pytest
 from edgetrain.common.presets import quick_job
 from edgetrain.common.testing.prometheus import Exporter, Prometheus, prometheus_binary
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
-from edgetrain.workers.cluster import LocalCluster
+from edgetrain.workers.processes.cluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

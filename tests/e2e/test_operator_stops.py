@@ -10,11 +10,11 @@ import urllib.request
 
 import pytest
 
-from edgetrain.common.jobs import TERMINAL, EventKind, PartState
+from edgetrain.common.jobs.state import TERMINAL, EventKind, PartState
 from edgetrain.common.presets import quick_job
 from edgetrain.common.testing.flower import flower
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
-from edgetrain.workers.cluster import LocalCluster
+from edgetrain.workers.processes.cluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
 DEVICE = "nano-o"

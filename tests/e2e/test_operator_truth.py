@@ -15,19 +15,19 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from edgetrain.common.jobs import EventKind, JobState, PartState
+from edgetrain.common.finetune.trust import ProxyCheck, proxy_family
+from edgetrain.common.jobs.reports import JobReport
+from edgetrain.common.jobs.state import EventKind, JobState, PartState
 from edgetrain.common.keys import vector_key
 from edgetrain.common.presets import quick_job
-from edgetrain.common.reports import JobReport
 from edgetrain.common.schemas import JobSpec, RelationVector
 from edgetrain.common.testing.flower import flower
 from edgetrain.common.testing.prometheus import Exporter
-from edgetrain.common.trust import ProxyCheck, proxy_family
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
 from edgetrain.workers.cli import main
 from edgetrain.workers.cli_args import ExitCode
-from edgetrain.workers.cluster import LocalCluster
-from edgetrain.workers.output import format_report
+from edgetrain.workers.processes.cluster import LocalCluster
+from edgetrain.workers.rendering.output import format_report
 
 pytestmark = pytest.mark.e2e
 DEVICE = "nano-t"
@@ -54,7 +54,7 @@ def store_proxy_vector(cluster: LocalCluster, job: dict, ratios: list[float]) ->
 
 
 def distrust_proxy(cluster: LocalCluster, job: dict) -> None:
-    """Checks of `job`'s proxy on three other data, each a factor e^3 off (common/trust.py)."""
+    """Checks of `job`'s proxy on three other data, each a factor e^3 off (common/finetune/trust.py)."""
     family = proxy_family(JobSpec.model_validate(job).estimation_request())
     assert family is not None
     for data in ("other-1", "other-2", "other-3"):

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain.common.jobs import EventKind
+from edgetrain.common.jobs.state import EventKind
 from edgetrain.common.keys import table_id, vector_key
 from edgetrain.common.models import get_model
 from edgetrain.common.presets import QUICK_JOB, quick_job
 from edgetrain.common.schemas import JobSpec
 from edgetrain.common.testing.tables import brute_force
 from edgetrain.tasks.client import EdgeTrainClient, JobSpecError
-from edgetrain.workers.cluster import LocalCluster
+from edgetrain.workers.processes.cluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
 DEVICES = {"nano-1": "sim:jetson-nano", "nano-2": "sim:jetson-nano", "tx2nx-1": "sim:jetson-tx2-nx"}

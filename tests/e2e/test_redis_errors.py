@@ -21,7 +21,7 @@ from edgetrain.common.testing.redis_processes import RedisProcess, redis_binary
 from edgetrain.common.testing.redis_server import TlsRedis, free_port
 from edgetrain.tasks.client import poll_until
 from edgetrain.workers.cli_args import ExitCode
-from edgetrain.workers.redis_acl import ROLES, acl_file
+from edgetrain.workers.commands.redis_acl import ROLES, acl_file
 
 pytestmark = pytest.mark.e2e
 CLI = [sys.executable, "-m", "edgetrain.workers.cli"]

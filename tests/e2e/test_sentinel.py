@@ -10,14 +10,14 @@ import sys
 import pytest
 import redis
 
-from edgetrain.common.jobs import EventKind, PartState
+from edgetrain.common.jobs.state import EventKind, PartState
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import JobSpec
 from edgetrain.common.store import Store
 from edgetrain.common.testing.redis_processes import SentinelGroup, redis_binary
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
-from edgetrain.workers.cluster import LocalCluster
-from edgetrain.workers.redis_acl import ROLES, acl_file
+from edgetrain.workers.commands.redis_acl import ROLES, acl_file
+from edgetrain.workers.processes.cluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
 # the proxy (digits) reaches 90 %, the device's data (a tenth of Fashion-MNIST) does not: the fine-tune runs its whole budget

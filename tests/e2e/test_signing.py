@@ -23,7 +23,7 @@ from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.common.testing.certificates import Identity, issue
 from edgetrain.tasks.app import producer_app
 from edgetrain.tasks.contract import CONTROL_QUEUE, TaskName, send
-from edgetrain.workers.cluster import EmbeddedRedis, WorkerProcess
+from edgetrain.workers.processes.cluster import EmbeddedRedis, WorkerProcess
 
 pytestmark = pytest.mark.e2e
 SEND_ADVANCE = "import sys; from edgetrain.common.settings import Settings; from edgetrain.tasks.app import producer_app; " \

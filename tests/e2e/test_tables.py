@@ -9,13 +9,13 @@ import sys
 import pytest
 import redis
 
-from edgetrain.common.jobs import EventKind
+from edgetrain.common.jobs.state import EventKind
 from edgetrain.common.keys import table_id
 from edgetrain.common.models import get_model
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import ProfileTable
 from edgetrain.tasks.client import EdgeTrainClient
-from edgetrain.workers.cluster import LocalCluster
+from edgetrain.workers.processes.cluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
 TIMEOUT_S = 300

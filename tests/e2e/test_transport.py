@@ -30,8 +30,8 @@ from edgetrain.common.testing.certificates import issue
 from edgetrain.common.testing.redis_server import TlsRedis, free_port
 from edgetrain.tasks.app import producer_app
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
-from edgetrain.workers.cluster import LocalCluster
-from edgetrain.workers.redis_acl import ROLES, acl_file
+from edgetrain.workers.commands.redis_acl import ROLES, acl_file
+from edgetrain.workers.processes.cluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
 DEVICE = "nano-t"

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from edgetrain.common.jobs import EventKind, PartState
+from edgetrain.common.jobs.state import EventKind, PartState
 from edgetrain.common.settings import Settings
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
-from edgetrain.workers.cluster import LocalCluster
+from edgetrain.workers.processes.cluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
 DEFAULTS = Settings()

@@ -29,7 +29,7 @@ from edgetrain.tasks.app import producer_app
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
 from edgetrain.tasks.contract import CONTROL_QUEUE, SERVER_QUEUE, TaskName, device_queue
 from edgetrain.workers.cli_args import ExitCode
-from edgetrain.workers.cluster import EmbeddedRedis, LocalCluster, WorkerProcess
+from edgetrain.workers.processes.cluster import EmbeddedRedis, LocalCluster, WorkerProcess
 
 pytestmark = pytest.mark.e2e
 DEVICE = "nano-w"

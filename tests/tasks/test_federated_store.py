@@ -22,7 +22,7 @@ from edgetrain.common.federated.events import (
 from edgetrain.common.federated.plan import Assignment
 from edgetrain.common.federated.records import DeviceRound, FederatedRecord, LocalUpdate, Phase, RoundRecord
 from edgetrain.common.federated.spec import FederatedSpec
-from edgetrain.common.jobs import EventKind
+from edgetrain.common.jobs.state import EventKind
 from edgetrain.common.schemas import utc_now
 from edgetrain.common.store.ledger import SentTask
 from edgetrain.tasks.client import JobSpecError, validate_federated

@@ -20,7 +20,7 @@ from edgetrain.tasks import context
 from edgetrain.tasks.contract import SERVER_QUEUE, TaskName, device_queue
 from edgetrain.tasks.federated import federated_advance
 from edgetrain.tasks.federated_work import federated_aggregate, federated_train
-from edgetrain.workers.device_worker import device_info
+from edgetrain.workers.processes.device_worker import device_info
 
 JOB = "fedtask0001a"
 TWIN = "jetson-nano"

@@ -8,9 +8,9 @@ import redis
 from billiard.exceptions import WorkerLostError
 
 from edgetrain.common.control_axis import ControlAxis
-from edgetrain.common.jobs import PartState
+from edgetrain.common.jobs.events import AttemptLost, Dispatched, Identified, Requeued
+from edgetrain.common.jobs.state import PartState
 from edgetrain.common.keys import vector_key, vector_resource
-from edgetrain.common.part_events import AttemptLost, Dispatched, Identified, Requeued
 from edgetrain.common.payloads import JobPage, ProfileRequest, ProxyRunRequest, profile_resource
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, JobSpec, Selection

@@ -8,9 +8,7 @@ import pytest
 import redis
 
 from edgetrain.common.control_axis import ControlAxis
-from edgetrain.common.jobs import DevicePart, EventKind, JobState, PartState
-from edgetrain.common.keys import table_id, table_resource, vector_key, vector_resource
-from edgetrain.common.part_events import (
+from edgetrain.common.jobs.events import (
     AttemptCancelled,
     AttemptFinished,
     AttemptStarted,
@@ -20,6 +18,8 @@ from edgetrain.common.part_events import (
     Requeued,
     request_digest,
 )
+from edgetrain.common.jobs.state import DevicePart, EventKind, JobState, PartState
+from edgetrain.common.keys import table_id, table_resource, vector_key, vector_resource
 from edgetrain.common.payloads import FinetuneRequest, JobPage, ProfileRequest
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, EstimationRequest, JobSpec, RelationVector, RunReport

@@ -14,12 +14,12 @@ import pytest
 import redis
 from rich.console import Console
 
-from edgetrain.common.jobs import EventKind, FinetuneProgress, JobState, JobStatus, PartState
+from edgetrain.common.jobs.events import Failed
+from edgetrain.common.jobs.reports import JobReport, completed_message
+from edgetrain.common.jobs.state import EventKind, FinetuneProgress, JobState, JobStatus, PartState
 from edgetrain.common.keys import vector_key
-from edgetrain.common.part_events import Failed
 from edgetrain.common.presets import quick_job
 from edgetrain.common.progress import ProfilingProgress, ProxyRunProgress
-from edgetrain.common.reports import JobReport, completed_message
 from edgetrain.common.schemas import (
     ConfigSwitch,
     DeviceInfo,
@@ -37,8 +37,8 @@ from edgetrain.common.testing.parts import drive_part
 from edgetrain.tasks.client import EdgeTrainClient, JobSpecError, validate_job
 from edgetrain.workers.cli import main
 from edgetrain.workers.cli_args import ExitCode, job_exit_code
-from edgetrain.workers.output import format_report
-from edgetrain.workers.progress import JobProgress, part_line
+from edgetrain.workers.rendering.output import format_report
+from edgetrain.workers.rendering.progress import JobProgress, part_line
 
 CLI = [sys.executable, "-m", "edgetrain.workers.cli"]
 SELECTION = Selection(batch_size=16, frequency_hz=614_400_000, estimated_time_s=1.0, peak_power_w=2.9)
@@ -228,7 +228,7 @@ def test_the_client_and_the_control_worker_do_not_import_pytorch(redis_server) -
         "from edgetrain.common.settings import Settings\n"
         "from edgetrain.tasks import context\n"
         "from edgetrain.tasks.client import EdgeTrainClient\n"
-        "import edgetrain.workers.cli, edgetrain.workers.output\n"
+        "import edgetrain.workers.cli, edgetrain.workers.rendering.output\n"
         f"context.init(Settings(redis_url={redis_server.url!r}), ('edgetrain.tasks.workflow',))\n"
         "EdgeTrainClient(" + repr(redis_server.url) + ").fleet()\n"
         "print('torch' in sys.modules)\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from edgetrain.workers.cli_args import settings_from
-from edgetrain.workers.flower import FlowerConfigError, exposure_problem, is_loopback, read_basic_auth
+from edgetrain.workers.processes.flower import FlowerConfigError, exposure_problem, is_loopback, read_basic_auth
 
 
 def edgetrain(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

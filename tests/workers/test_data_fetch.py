@@ -12,7 +12,7 @@ from edgetrain.common.datasets.loading import load_dataset
 from edgetrain.common.models import get_model
 from edgetrain.common.schemas import DatasetRef
 from edgetrain.common.settings import get_settings
-from edgetrain.workers.data_fetch import FETCHERS, _unpack_deb, fetch, status
+from edgetrain.workers.commands.data_fetch import FETCHERS, _unpack_deb, fetch, status
 
 pytestmark = pytest.mark.usefixtures("tmp_data_root")  # user data in tmp_path is read as a data root
 

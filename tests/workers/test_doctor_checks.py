@@ -8,7 +8,7 @@ from edgetrain.common.redis_address import sentinel_address
 from edgetrain.common.redis_health import RedisFacts, read_facts
 from edgetrain.common.settings import Settings
 from edgetrain.tasks.app import celery_config
-from edgetrain.workers.doctor import access_findings, redis_findings
+from edgetrain.workers.commands.doctor import access_findings, redis_findings
 
 SAFE = RedisFacts(version="7.0.15", maxmemory_bytes=0, maxmemory_policy="noeviction", used_memory_bytes=10**6, aof_enabled=True, rdb_save="")
 

@@ -19,8 +19,8 @@ from edgetrain.common.schemas import DeviceInfo, utc_now
 from edgetrain.common.settings import reload_settings
 from edgetrain.tasks.client import EdgeTrainClient, validate_job
 from edgetrain.workers.cli import main as edgetrain_main
-from edgetrain.workers.evaluation_progress import EvaluationProgress
-from edgetrain.workers.evaluation_runner import _Evaluation
+from edgetrain.workers.commands.evaluation_runner import _Evaluation
+from edgetrain.workers.rendering.evaluation_progress import EvaluationProgress
 
 TINY = {
     "model": "smallcnn",

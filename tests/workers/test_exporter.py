@@ -9,15 +9,15 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgetrain.common.control_axis import ControlAxis
-from edgetrain.common.jobs import FinetuneProgress, PartState
-from edgetrain.common.part_events import AttemptFinished, AttemptStarted, Dispatched, Identified, Prepared, request_digest
+from edgetrain.common.jobs.events import AttemptFinished, AttemptStarted, Dispatched, Identified, Prepared, request_digest
+from edgetrain.common.jobs.state import FinetuneProgress, PartState
 from edgetrain.common.payloads import finetune_request
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, JobSpec, RunReport, Selection
 from edgetrain.common.settings import Settings
 from edgetrain.common.store import Lease, WorkerInfo, Written
 from edgetrain.tasks.contract import HANDED_ON
-from edgetrain.workers.exporter import registry
+from edgetrain.workers.processes.exporter import registry
 
 DEVICES = [{"device_id": "nano-1", "power_cap_w": 3.0}, {"device_id": "tx2nx-1", "power_cap_w": 5.0}]
 
@@ -124,7 +124,7 @@ def test_unreachable_redis_is_a_metric_not_an_error() -> None:
     assert s == {("edgetrain_redis_up", ()): 0.0}
 
 
-@pytest.mark.parametrize("module", ["edgetrain.workers.exporter"])
+@pytest.mark.parametrize("module", ["edgetrain.workers.processes.exporter"])
 def test_the_exporter_imports_no_torch(module: str) -> None:
     code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"

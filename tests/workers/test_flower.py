@@ -12,13 +12,13 @@ import urllib.request
 
 import pytest
 
-from edgetrain.common.jobs import EventKind
+from edgetrain.common.jobs.state import EventKind
 from edgetrain.common.keys import vector_key
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import JobSpec
 from edgetrain.tasks.client import EdgeTrainClient
 from edgetrain.workers.cli_args import ExitCode
-from edgetrain.workers.cluster import LocalCluster
+from edgetrain.workers.processes.cluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
 

@@ -6,7 +6,7 @@ import logging
 
 from celery import Celery
 
-from edgetrain.workers.logs import JsonFormatter, TaskContext
+from edgetrain.workers.processes.logs import JsonFormatter, TaskContext
 
 
 def test_a_task_s_lines_name_its_job_device_task_and_id() -> None:

@@ -18,8 +18,8 @@ from edgetrain.common.schemas import DeviceInfo, LearningRatePolicy, ProfileTabl
 from edgetrain.common.settings import reload_settings
 from edgetrain.workers.cli import main as edgetrain_main
 from edgetrain.workers.cli_args import ExitCode, connection_options
-from edgetrain.workers.cluster import LocalCluster
-from edgetrain.workers.profile_cli import add_profile_commands
+from edgetrain.workers.commands.profile_cli import add_profile_commands
+from edgetrain.workers.processes.cluster import LocalCluster
 
 B = [16, 32, 64]
 NANO_FREQUENCIES = len(load_twin("jetson-nano").frequencies_hz)

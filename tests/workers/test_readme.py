@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from edgetrain.common.jobs import FinetuneProgress, PartState
+from edgetrain.common.jobs.state import FinetuneProgress, PartState
 from edgetrain.common.payloads import ProxyRunRequest, finetune_request, job_profile_request
 from edgetrain.common.presets import quick_job
 from edgetrain.common.progress import ProfilingProgress, ProxyRunProgress, estimation_progress, finetune_line

@@ -23,7 +23,7 @@ from edgetrain.common.testing.fake_sysfs import (
     build_orin_nano,
     build_tx2_nx,
 )
-from edgetrain.workers.device_cli import format_jetson
+from edgetrain.workers.commands.device_cli import format_jetson
 
 BOARDS: dict[str, Callable[..., FakeBoard]] = {"nano": build_nano, "tx2-nx": build_tx2_nx, "orin-nano": build_orin_nano}
 # family, devfreq entry, frequencies (Hz), rails, total power (W), memory (bytes)

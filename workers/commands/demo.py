@@ -11,10 +11,10 @@ from pathlib import Path
 from edgetrain.common.presets import QUICK_JOB
 from edgetrain.tasks.client import EdgeTrainClient
 
-from .cli_args import job_exit_code
-from .cluster import LocalCluster
-from .output import format_report, note
-from .progress import JobProgress, activity
+from ..cli_args import job_exit_code
+from ..processes.cluster import LocalCluster
+from ..rendering.output import format_report, note
+from ..rendering.progress import JobProgress, activity
 
 DEMO_DEVICES = {"nano-1": "sim:jetson-nano", "tx2nx-1": "sim:jetson-tx2-nx"}
 

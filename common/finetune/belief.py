@@ -2,12 +2,12 @@
 
 Three kinds of knowledge, weakest first:
 - the proxy's N_b (the prior), scaled to this data where runs on it measured some batch size,
-  trusted within `trust_width` (a factor e^w either way: common/trust.py learns w from how far
+  trusted within `trust_width` (a factor e^w either way: common/finetune/trust.py learns w from how far
   the proxy's r_b were from what later runs measured on other data; the paper's results set it
   where there is no such history);
 - monotonicity: N_b never falls as b grows (every vector measured here), so measured batch
   sizes bound the ones between and beside them: a measured r_32 and r_128 bound r_64;
-- solo runs on this data (common/learned.py): N_b measured, within the spread between seeds.
+- solo runs on this data (common/finetune/learned.py): N_b measured, within the spread between seeds.
 
 The interval of an unmeasured batch size is the prior's, cut by the monotone bounds; its point
 estimate is the prior's, moved inside the interval; its `optimistic` value, the fewest samples
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ..schemas import RelationVector
 from .learned import FinetuneRecord, relative_samples
-from .schemas import RelationVector
 
 SEED_SPREAD = 0.06  # relative spread of a measured N_b between seeds when the records show none (5-15 % measured here)
 PAPER_TRUST = 0.08  # the proxy's r_b trusted within 8 %: equation (4) within 8 % of the oracle in the paper's results

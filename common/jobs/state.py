@@ -8,14 +8,14 @@ from enum import Enum
 
 from pydantic import Field
 
-from .control_axis import ControlAxis
-from .payloads import FinetuneRequest
-from .progress import Preparation
-from .schemas import JobSpec, RunReport, Selection, Strict, utc_now
+from ..control_axis import ControlAxis
+from ..payloads import FinetuneRequest
+from ..progress import Preparation
+from ..schemas import JobSpec, RunReport, Selection, Strict, utc_now
 
 
 class PartState(str, Enum):
-    """Where one device's share of a job is (common/part_events.py has the transitions):
+    """Where one device's share of a job is (common/jobs/events.py has the transitions):
     `queued` once its fine-tune is dispatched, while it waits on the device's queue (behind
     what runs there) and no attempt runs it; `finetuning` while an attempt runs it."""
 
@@ -69,7 +69,7 @@ class Started(Strict):
 
 
 class DevicePart(Strict):
-    """The state of one device's share of a job (changed only by common/part_events.py)."""
+    """The state of one device's share of a job (changed only by common/jobs/events.py)."""
 
     device_id: str
     power_cap_w: float | None

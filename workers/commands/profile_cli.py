@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .cli_args import ExitCode, device_id, power_cap, settings_from
-from .output import describe_table, format_table, note
-from .progress import activity
+from ..cli_args import ExitCode, device_id, power_cap, settings_from
+from ..rendering.output import describe_table, format_table, note
+from ..rendering.progress import activity
 
 if TYPE_CHECKING:
     from edgetrain.common.schemas import DeviceInfo, ProfileTable, ProfilingOptions

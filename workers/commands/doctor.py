@@ -29,7 +29,7 @@ from edgetrain.common.store import Store
 from edgetrain.common.store.connection import connect, master_address
 from edgetrain.tasks.contract import CONTROL_QUEUE, SERVER_QUEUE, device_queue
 
-from .flower import is_loopback
+from ..processes.flower import is_loopback
 
 MIN_REDIS = (6, 2)  # ACL users, ZMSCORE, GETDEL
 ACL_FILE_REDIS = (7, 0)  # the ACL file of `edgetrain redis-acl` (docs/security.md)

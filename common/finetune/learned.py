@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from .schemas import (
+from ..schemas import (
     DatasetRef,
     LearningRatePolicy,
     RelationVector,
@@ -33,7 +33,7 @@ from .schemas import (
     VectorProvenance,
     utc_now,
 )
-from .security import data_path
+from ..security import data_path
 
 MIN_MATCHED_LEVELS = 3  # test-loss levels two solo curves must share to give a ratio
 MIN_SOLO_EVALUATIONS = 4  # evaluations after the start a solo curve needs to be used

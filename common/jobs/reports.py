@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from .control_axis import ControlAxis
-from .jobs import FinetuneProgress, JobEvent, JobState, JobStatus, PartState, Started
-from .schemas import JobSpec, RunReport, Selection, Strict
+from ..control_axis import ControlAxis
+from ..schemas import JobSpec, RunReport, Selection, Strict
+from .state import FinetuneProgress, JobEvent, JobState, JobStatus, PartState, Started
 
 
 class DeviceReport(Strict):

@@ -6,7 +6,7 @@ unless authentication is configured: HTTP basic auth from a file (`--basic-auth-
 Flower's own `FLOWER_BASIC_AUTH` / `FLOWER_AUTH` (OAuth). Flower's HTTP API answers only with
 authentication, or on any address with `FLOWER_UNAUTHENTICATED_API=true`.
 
-On the `monitor` Redis user (workers/redis_acl.py), which has no remote control, Flower shows
+On the `monitor` Redis user (workers/commands/redis_acl.py), which has no remote control, Flower shows
 the workers and tasks from their events and the queue lengths of `ClusterQueues`, and cannot
 shut workers down or revoke tasks; on the `worker` user it can. Flower still tries to inspect
 the workers at start and logs a warning for each refusal ("Inspect method stats failed: this

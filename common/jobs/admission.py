@@ -11,10 +11,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .datasets.registry import DATASET_TASKS, dataset_names
-from .models import get_model, model_names, unknown_model_message
-from .schemas import DatasetRef, JobSpec
-from .security import data_path_problem, user_model_problem, weights_problem
+from ..datasets.registry import DATASET_TASKS, dataset_names
+from ..models import get_model, model_names, unknown_model_message
+from ..schemas import DatasetRef, JobSpec
+from ..security import data_path_problem, user_model_problem, weights_problem
 
 
 def model_problem(name: str, allowed_modules: Sequence[str] | None) -> str | None:

@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from edgetrain.common.jobs import JobStatus, PartState
+from edgetrain.common.jobs.state import JobStatus, PartState
 from edgetrain.common.progress import RunState, finetune_line
 from edgetrain.common.schemas import utc_now
 

@@ -38,7 +38,7 @@ from edgetrain.common.evaluation import (
     evaluate,
     verification,
 )
-from edgetrain.common.jobs import JobStatus
+from edgetrain.common.jobs.state import JobStatus
 from edgetrain.common.keys import table_id, vector_key
 from edgetrain.common.models import get_model
 from edgetrain.common.payloads import PretrainRequest
@@ -47,8 +47,8 @@ from edgetrain.common.store import SetAside
 from edgetrain.common.tables import Profile, Reuse, rows_of, table_need
 from edgetrain.tasks.client import EdgeTrainClient, Pending, ResourceFailed
 
-from .evaluation_progress import EvaluationProgress
-from .progress import part_line
+from ..rendering.evaluation_progress import EvaluationProgress
+from ..rendering.progress import part_line
 
 POLL_S = 0.5
 

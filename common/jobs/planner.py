@@ -1,8 +1,8 @@
 """The job planner: what one device's part of a job needs next, as a pure function.
 
 `plan(view) -> Step`, with no Redis and no Celery: tasks/workflow.py reads the store into a
-`PartView`, calls `plan`, applies the step's event to the part (common/part_events.py decides
-whether it applies) and, when it applied, carries out the step's effects (common/effects.py).
+`PartView`, calls `plan`, applies the step's event to the part (common/jobs/events.py decides
+whether it applies) and, when it applied, carries out the step's effects (common/jobs/effects.py).
 
 A part's states and their transitions:
 
@@ -46,15 +46,15 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from ..keys import table_id, vector_key
+from ..models import get_model
+from ..payloads import ProfileRequest, finetune_request, job_profile_request
+from ..schemas import DeviceInfo, DeviceTarget, JobSpec, ProfileTable, RelationVector
+from ..selection import Baseline1, SelectionError, estimated_time_to_accuracy_s, strategy_for
+from ..tables import NoTable, Profile, table_need
 from .effects import AwaitDevice, ClaimAndEstimate, ClaimAndProfile, Effect, Note, ReleaseTableClaim, SendFineTune
-from .jobs import DISPATCHED, TERMINAL, DevicePart, EventKind, PartState
-from .keys import table_id, vector_key
-from .models import get_model
-from .part_events import Cancelled, CancelRequested, Dispatched, Failed, Identified, PartEvent, Prepared, Waiting, configuration
-from .payloads import ProfileRequest, finetune_request, job_profile_request
-from .schemas import DeviceInfo, DeviceTarget, JobSpec, ProfileTable, RelationVector
-from .selection import Baseline1, SelectionError, estimated_time_to_accuracy_s, strategy_for
-from .tables import NoTable, Profile, table_need
+from .events import Cancelled, CancelRequested, Dispatched, Failed, Identified, PartEvent, Prepared, Waiting, configuration
+from .state import DISPATCHED, TERMINAL, DevicePart, EventKind, PartState
 
 logger = logging.getLogger(__name__)
 

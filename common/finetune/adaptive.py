@@ -14,7 +14,7 @@ controller that re-selects (b, f) at step boundaries.
   the job's strategy from the lookup table, re-pins the frequency and changes the batch size
   (learning rate rescaled, weights and optimizer state kept); a cap no configuration meets
   pauses training at the lowest frequency, in idle slices of device time, until one does.
-  The closed loop (common/closed_loop.py) hands it a strategy on the evidence (`reselect`):
+  The closed loop (common/finetune/closed_loop.py) hands it a strategy on the evidence (`reselect`):
   it selects with that one now and at every later cap change.
 
 A staircase table is measured for one cap: under another it cannot select, so the run
@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .devices.base import Device, Measurement
-from .schemas import (
+from ..devices.base import Device, Measurement
+from ..schemas import (
     ConfigSwitch,
     DeviceCap,
     DeviceTarget,
@@ -42,8 +42,8 @@ from .schemas import (
     ProfileTable,
     Selection,
 )
-from .selection import SelectionError, Strategy
-from .training import DeviceTotals, Trainer, set_batch_size
+from ..selection import SelectionError, Strategy
+from ..training import DeviceTotals, Trainer, set_batch_size
 
 logger = logging.getLogger(__name__)
 PAUSE_SLICE_S = 1.0  # device time between two looks at the cap while paused, at most (s); a schedule's step ends a slice

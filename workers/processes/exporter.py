@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from edgetrain.common.control_axis import ControlAxis
-from edgetrain.common.jobs import TERMINAL, DevicePart, JobState, PartState
+from edgetrain.common.jobs.state import TERMINAL, DevicePart, JobState, PartState
 from edgetrain.common.limits import STATUS_PARTS
 from edgetrain.common.settings import Settings
 from edgetrain.common.store import JobView, Running, Store, Tally

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from .artifacts import get_bytes, put_file
-from .security import safe_file_name
-from .training import DeviceTotals, Trainer
+from ..artifacts import get_bytes, put_file
+from ..security import safe_file_name
+from ..training import DeviceTotals, Trainer
 
 _ATTEMPT_SUFFIX = re.compile(r"[0-9a-f]{12}\.pt")  # one pattern: one compiled per job would fill re's cache
 

@@ -1,18 +1,18 @@
 """The closed-loop fine-tune: the proxy's relation vector is the prior, what runs on the device's
 own data measured is the evidence, and (b, f) is chosen at the start and re-chosen at step
-boundaries through `AdaptiveControl` (common/adaptive.py), so cap changes, the power guard and
+boundaries through `AdaptiveControl` (common/finetune/adaptive.py), so cap changes, the power guard and
 pauses keep working.
 
 The evidence is solo curves: from its first sample until its first switch a fine-tune trains at
 one batch size from the job's weights, and solo runs on the same data and weights at two batch
 sizes trace one test-loss curve stretched in samples by N_b / N_b' (`learned.warp_ratio`). The
-fleet's belief about the data's N_b (common/belief.py) combines the records earlier fine-tunes
+fleet's belief about the data's N_b (common/finetune/belief.py) combines the records earlier fine-tunes
 left on it (`learned.FinetuneRecord`; read again at every evaluation of the solo segment, so a
 curve another device keeps meanwhile is evidence from then on), the run's own solo curve,
 monotonicity (N_b grows with b), and the proxy's N_b trusted as far as the proxy earned on other
-data (common/trust.py).
+data (common/finetune/trust.py).
 
-At the start the run takes the exploration policy's choice (common/exploration.py): the fastest
+At the start the run takes the exploration policy's choice (common/finetune/exploration.py): the fastest
 expected configuration whose worst case is safe against Baseline 1, or a batch size no run on
 this data measured that may be faster still, explored within the job's budget: it runs from the
 first sample, its solo curve measures its N_b against a measured one, and then the run keeps the
@@ -31,14 +31,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..devices.base import Measurement
+from ..schemas import ExplorationReport, LearningRatePolicy, RelationVector, TrainingOutcome, VectorProvenance
+from ..selection import SelectionError
+from ..training import DeviceTotals
 from .adaptive import AdaptiveControl
 from .belief import PAPER_TRUST, Belief, belief
-from .devices.base import Measurement
 from .exploration import Believed, Choice, ExplorationPolicy, Pinned, baseline1_per_sample_s, candidates
 from .learned import DataIdentity, FinetuneRecord, Segment
-from .schemas import ExplorationReport, LearningRatePolicy, RelationVector, TrainingOutcome, VectorProvenance
-from .selection import SelectionError
-from .training import DeviceTotals
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class LoopSettings:
     does not at once train as one that began at the new batch size, so smaller gains are not
     worth a switch; `min_dwell_evaluations` the evaluations to run at a batch size first;
     `max_switches` bounds the switches for evidence; `policy` chooses the start and how far an
-    exploration may go (common/exploration.py)."""
+    exploration may go (common/finetune/exploration.py)."""
 
     hysteresis: float = 0.10
     min_dwell_evaluations: int = 4
@@ -85,7 +85,7 @@ class ClosedLoop:
     evaluation until the solo segment ends; `records` holds the last read); `identity` fills the
     record this run leaves (`record()`); `publish` sees the run's partial record at each
     evaluation of its solo segment (so runs on the same data at the same time match against
-    it); `trust` is the width within which the proxy's r_b is trusted (common/trust.py);
+    it); `trust` is the width within which the proxy's r_b is trusted (common/finetune/trust.py);
     `power_envelope_w` is the device's model-agnostic envelope (Baseline 1's frequency);
     `on_decision` sees every EvidenceSwitch (also kept in `decisions`); `seen`: the evaluations
     of earlier attempts in a resumed run's history, which are not this attempt's curve (its

@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from .control_axis import ControlAxis
-from .federated.records import AggregateRequest, TrainRequest
-from .jobs import EventKind
-from .payloads import FinetuneRequest, ProfileRequest
-from .schemas import EstimationRequest
+from ..control_axis import ControlAxis
+from ..federated.records import AggregateRequest, TrainRequest
+from ..payloads import FinetuneRequest, ProfileRequest
+from ..schemas import EstimationRequest
+from .state import EventKind
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ from edgetrain.tasks.leases import hold_leases
 from edgetrain.tasks.reaper import Reaper
 from edgetrain.tasks.stopped import watch_stopped_tasks
 
+from ..rendering.output import note
 from .heartbeat import Heartbeat
 from .logs import use_log_format
-from .output import note
 
 logger = logging.getLogger(__name__)
 

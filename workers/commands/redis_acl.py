@@ -17,7 +17,7 @@
   channels of each database, `/<db>.celeryev/*`, which kombu subscribes to by that literal
   pattern, and its own event queue's binding). It has no remote-control channel
   (`/<db>.celery.pidbox`) and no reply queue, so it cannot shut workers down, revoke tasks or
-  inspect workers: Flower shows workers and tasks from their events (`workers/flower.py`).
+  inspect workers: Flower shows workers and tasks from their events (`workers/processes/flower.py`).
 - `replica` and `sentinel` (Redis Sentinel deployments only): a replica following the master
   (PSYNC, REPLCONF), and the sentinels watching it and promoting a replica (the commands Redis's
   Sentinel documentation lists).

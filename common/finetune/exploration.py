@@ -4,7 +4,7 @@ be faster still when what a job may lose by it is within a budget.
 
 The choice of a batch size on one data (model, weights, data identity, target) is a sequence
 of decisions across jobs and across the devices of one job. Each decision sees the fleet's
-belief (common/belief.py: N_b measured, bounded by measured neighbours, or the proxy's) and the
+belief (common/finetune/belief.py: N_b measured, bounded by measured neighbours, or the proxy's) and the
 device's lookup table under its cap, which gives every candidate's device time per sample
 t_b = T[b][f*_b] / N_s. Then, with N_b on the belief's scale:
 
@@ -17,13 +17,13 @@ t_b = T[b][f*_b] / N_s. Then, with N_b on the belief's scale:
 - **Explore**: a batch size no run on this data measured, whose optimistic time (the fewest
   samples the data allows) beats the exploit choice by `min_gain`, run from the first sample
   so that its solo curve measures its N_b against a measured one (`measure_evaluations`
-  evaluations, common/learned.py: warp matching). It runs only while what it may cost the job
+  evaluations, common/finetune/learned.py: warp matching). It runs only while what it may cost the job
   stays inside `budget` of the exploit choice's expected time: samples run at it that turn out
   slower count at most (t_e - t_x * N_x / N_e,worst) each (a solo run's progress is the same
   test loss whatever the batch, so the samples are not lost, only their speed), plus one
   evaluation interval at the exploit choice for the switch. Without a measured batch size to
   match it against, a candidate is explored only when its whole worst case fits the budget.
-  Once measured, the loop keeps the faster of it and the exploit choice (common/closed_loop.py).
+  Once measured, the loop keeps the faster of it and the exploit choice (common/finetune/closed_loop.py).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import ClassVar, Literal
 
 from typing_extensions import override
 
+from ..schemas import ProfileTable, Selection
+from ..selection import Baseline1, SelectionError, Strategy, feasible_set
 from .belief import Belief, Estimate
-from .schemas import ProfileTable, Selection
-from .selection import Baseline1, SelectionError, Strategy, feasible_set
 
 Role = Literal["exploit", "explore"]
 

@@ -13,9 +13,9 @@ from pydantic import BaseModel
 
 from edgetrain.common.control_axis import ControlAxis
 from edgetrain.common.federated.records import FederatedStatus
-from edgetrain.common.jobs import JobStatus, JobSummary, PartState
+from edgetrain.common.jobs.reports import DeviceReport, JobReport
+from edgetrain.common.jobs.state import JobStatus, JobSummary, PartState
 from edgetrain.common.keys import table_id
-from edgetrain.common.reports import DeviceReport, JobReport
 from edgetrain.common.schemas import DeviceCap, DeviceInfo, ProfileTable, RelationVector, Selection
 from edgetrain.common.store import LiveWorker
 

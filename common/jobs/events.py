@@ -41,11 +41,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from .control_axis import ControlAxis
-from .jobs import TERMINAL, Attempt, DevicePart, Dispatch, EventField, EventKind, PartState, Refused, Started
-from .payloads import FinetuneRequest
+from ..control_axis import ControlAxis
+from ..payloads import FinetuneRequest
+from ..schemas import RunReport, Selection, Strict
 from .reports import completed_message
-from .schemas import RunReport, Selection, Strict
+from .state import TERMINAL, Attempt, DevicePart, Dispatch, EventField, EventKind, PartState, Refused, Started
 
 
 class ReportMismatch(Refused):

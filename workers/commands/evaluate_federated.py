@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .cli_args import ExitCode
+from ..cli_args import ExitCode
+from ..rendering.output import note
 from .evaluate import SpecProblem, read_spec
-from .output import note
 
 if TYPE_CHECKING:
     from edgetrain.common.federated.evaluation import FederatedEvaluation, FederatedEvaluationSpec
@@ -35,7 +35,7 @@ def run_federated(spec: FederatedEvaluationSpec) -> FederatedEvaluation:
     from edgetrain.common.federated.simulate import FederatedRun
     from edgetrain.common.schemas import TrainingOutcome
 
-    from .evaluation_progress import EvaluationProgress
+    from ..rendering.evaluation_progress import EvaluationProgress
 
     target = spec.job.target_accuracy
     with EvaluationProgress() as progress:
@@ -67,7 +67,7 @@ def run_federated(spec: FederatedEvaluationSpec) -> FederatedEvaluation:
 
 def write_federated(evaluation: FederatedEvaluation, out: Path) -> list[Path]:
     """The JSON document and the accuracy figure in `out`; returns their paths."""
-    from .federated_plots import plot_accuracy
+    from ..rendering.federated_plots import plot_accuracy
 
     out.mkdir(parents=True, exist_ok=True)
     (out / JSON_NAME).write_text(evaluation.model_dump_json(indent=2))
@@ -80,7 +80,7 @@ def cmd_evaluate_federated(args: argparse.Namespace) -> int:
     from edgetrain.common.datasets.sources import DatasetMissingError
     from edgetrain.common.selection import SelectionError
 
-    from .federated_text import format_federated_evaluation
+    from ..rendering.federated_text import format_federated_evaluation
 
     try:
         if args.scale or args.verify:

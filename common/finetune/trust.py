@@ -7,7 +7,7 @@ the check keeps the largest. `trust_width` is a high quantile of the checks of o
 model, weights and dataset: `proxy_family`) over every data it was checked on, with the paper's
 results counted as `PAPER_WEIGHT` checks at `PAPER_TRUST` (equation (4) within 8 % of the
 oracle on related proxies): with no history the paper's figure holds, and a proxy that was far
-off on other data is trusted less on the next, as a good one is trusted more. common/belief.py
+off on other data is trusted less on the next, as a good one is trusted more. common/finetune/belief.py
 uses the width as the interval of the proxy's r_b where nothing on the data measured it.
 """
 
@@ -22,9 +22,9 @@ from datetime import datetime
 
 from pydantic import Field
 
+from ..schemas import EstimationRequest, RelationVector, Strict, utc_now
 from .belief import PAPER_TRUST
 from .learned import FinetuneRecord, relative_samples
-from .schemas import EstimationRequest, RelationVector, Strict, utc_now
 
 PAPER_WEIGHT = 2  # how many checks the paper's results count as
 QUANTILE = 0.8  # the share of data on which the proxy's error stays inside the width

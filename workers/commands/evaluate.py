@@ -29,8 +29,8 @@ from pydantic import BaseModel, ValidationError
 
 from edgetrain.common.redis_address import redacted
 
-from .cli_args import ExitCode, settings_from
-from .output import note
+from ..cli_args import ExitCode, settings_from
+from ..rendering.output import note
 
 if TYPE_CHECKING:
     from edgetrain.common.evaluation import EvaluationRun, EvaluationSpec
@@ -130,7 +130,7 @@ def _slug(text: str) -> str:
 
 def write_outputs(runs: list[tuple[EvaluationRun, dict[str, ProfileTable]]], out: Path) -> list[Path]:
     """Per evaluation, its JSON document and figures: in `out`, or in a folder per evaluation."""
-    from .evaluation_plots import write_figures
+    from ..rendering.evaluation_plots import write_figures
 
     folders = []
     for k, (run, tables) in enumerate(runs, start=1):
@@ -155,7 +155,7 @@ def _exclusive(workdir: Path) -> Iterator[None]:
 
 def _run_all(client: EdgeTrainClient, specs: list[EvaluationSpec], devices: list[list[DeviceInfo]],
              args: argparse.Namespace) -> list[tuple[EvaluationRun, dict[str, ProfileTable]]]:  # fmt: skip
-    from .evaluation_progress import EvaluationProgress
+    from ..rendering.evaluation_progress import EvaluationProgress
     from .evaluation_runner import run_evaluation
 
     runs = []
@@ -185,7 +185,7 @@ def _on_local_cluster(specs: list[EvaluationSpec], args: argparse.Namespace) -> 
     """Start a local cluster with a device worker per twin, run, and stop it."""
     from edgetrain.tasks.client import EdgeTrainClient
 
-    from .cluster import LocalCluster
+    from ..processes.cluster import LocalCluster
 
     problems = local_problems(specs)
     if problems:
@@ -211,8 +211,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from .evaluate_federated import cmd_evaluate_federated
 
         return cmd_evaluate_federated(args)
+    from ..rendering.evaluation_text import format_run
     from .evaluation_runner import EvaluationFailed
-    from .evaluation_text import format_run
 
     started = time.perf_counter()
     configured = _configured(args)

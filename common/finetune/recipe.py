@@ -25,18 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .adaptive import AdaptiveControl, CapFollower
-from .artifacts import initial_model
-from .belief import PAPER_TRUST
-from .checkpoints import checkpoint_name, load_checkpoint, remove_checkpoints, save_checkpoint
-from .closed_loop import ClosedLoop, RecordIdentity
-from .datasets.loading import load_dataset
-from .devices.base import Device, Measurement
-from .jobs import CheckpointRef, EventKind, FinetuneProgress, Started
-from .learned import DataIdentity, FinetuneRecord, learned_vector
-from .models import get_model
-from .payloads import FinetuneRequest
-from .schemas import (
+from ..artifacts import initial_model
+from ..datasets.loading import load_dataset
+from ..devices.base import Device, Measurement
+from ..jobs.state import CheckpointRef, EventKind, FinetuneProgress, Started
+from ..models import get_model
+from ..payloads import FinetuneRequest
+from ..schemas import (
     ConfigSwitch,
     ConfigurationRun,
     DeviceCap,
@@ -46,10 +41,15 @@ from .schemas import (
     RunReport,
     VectorProvenance,
 )
-from .selection import Baseline1, SelectionError, estimated_time_to_accuracy_s, strategy_for
-from .store.jobs import Written
-from .training import DeviceTotals, Trainer, make_optimizer, set_batch_size, train_to_accuracy
-from .workload import measure_workload
+from ..selection import Baseline1, SelectionError, estimated_time_to_accuracy_s, strategy_for
+from ..store.jobs import Written
+from ..training import DeviceTotals, Trainer, make_optimizer, set_batch_size, train_to_accuracy
+from ..workload import measure_workload
+from .adaptive import AdaptiveControl, CapFollower
+from .belief import PAPER_TRUST
+from .checkpoints import checkpoint_name, load_checkpoint, remove_checkpoints, save_checkpoint
+from .closed_loop import ClosedLoop, RecordIdentity
+from .learned import DataIdentity, FinetuneRecord, learned_vector
 
 logger = logging.getLogger(__name__)
 SPLIT_SEED = 0  # the train/test split every fine-tune of a dataset uses
@@ -99,10 +99,10 @@ class Options:
     evaluations; `stop_requested`: the worker's reason to stop (None: go on);
     `table`, `vector`, `device_cap`: what re-selection on a new cap needs (without them the
     run keeps its first selection); `records`: reads what fine-tunes measured on this data
-    (common/learned.py), the closed loop's evidence (finished runs and those running on it
+    (common/finetune/learned.py), the closed loop's evidence (finished runs and those running on it
     now), read at set-up and as the run goes; `similar`: records of similar data (a weaker
     prior); `publish`: shows this run's partial record to the runs on the same data meanwhile;
-    `trust`: how far the proxy's r_b is trusted on this data (common/trust.py); `data`: the
+    `trust`: how far the proxy's r_b is trusted on this data (common/finetune/trust.py); `data`: the
     identity of this data, for the record this run leaves."""
 
     attempt: str
@@ -226,7 +226,7 @@ class FineTune:
         )))  # fmt: skip
 
     def _closed_loop(self) -> ClosedLoop | None:
-        """The closed loop around the cap control (common/closed_loop.py): a job that selects for
+        """The closed loop around the cap control (common/finetune/closed_loop.py): a job that selects for
         time to accuracy starts from the exploration policy's choice on what runs on this data
         measured, and re-selects as its own curve matches theirs; every run (a fixed
         configuration's too) follows its curve for the record it leaves later jobs, and shows it

@@ -1,0 +1,2 @@
+"""The CLI's commands that do work: data fetch, the demo, devices, doctor, evaluate, profile, Redis
+ACLs."""

@@ -1,0 +1,1 @@
+"""What the CLI prints and plots: status, reports, progress, evaluation tables and plots."""
