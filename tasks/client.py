@@ -184,9 +184,12 @@ class EdgeTrainClient:
             pass
         self._safe_until = time.monotonic() + SAFE_FOR_S
 
-    def submit(self, job_spec: JobSpec | dict[str, Any]) -> str:
-        """Validate and enqueue a job; returns its id. RedisUnsafe when Redis evicts keys (it
-        would lose the job without a word), RedisFull when it has no room for it."""
+    def submit(self, job_spec: JobSpec | FederatedSpec | dict[str, Any]) -> str:
+        """Validate and enqueue a job, or start a federated job (`kind: federated`:
+        docs/federated.md); returns its id. RedisUnsafe when Redis evicts keys (it would lose
+        the job without a word), RedisFull when it has no room for it."""
+        if isinstance(job_spec, FederatedSpec) or (isinstance(job_spec, dict) and is_federated(job_spec)):
+            return self._submit_federated(validate_federated(job_spec))
         job = validate_job(job_spec)
         self._refuse_unsafe_redis()
         job_id = uuid.uuid4().hex[:12]
@@ -201,9 +204,7 @@ class EdgeTrainClient:
                             "submit it again once Redis has room") from None  # fmt: skip
         return job_id
 
-    def submit_federated(self, spec: FederatedSpec | dict[str, Any]) -> str:
-        """Validate and start a federated job (docs/federated.md); returns its id."""
-        job = validate_federated(spec)
+    def _submit_federated(self, job: FederatedSpec) -> str:
         self._refuse_unsafe_redis()
         job_id = uuid.uuid4().hex[:12]
         try:

@@ -164,7 +164,7 @@ def _submit_federated(args: argparse.Namespace, client: EdgeTrainClient, spec: F
 
     from .rendering.federated_output import format_federated
 
-    job_id = client.submit_federated(spec)
+    job_id = client.submit(spec)
     print(job_id, flush=True)
     if not args.wait and args.timeout is None:
         return ExitCode.ok

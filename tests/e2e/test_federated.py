@@ -98,7 +98,7 @@ def test_a_test_set_that_is_not_on_the_server_fails_the_job_with_the_reason(clus
     except DatasetMissingError:
         pass
     client = EdgeTrainClient(cluster.url)
-    job_id = client.submit_federated(spec(deadline_s=5.0) | {"test_dataset": {"name": "svhn"}})  # not fetched here
+    job_id = client.submit(spec(deadline_s=5.0) | {"test_dataset": {"name": "svhn"}})  # not fetched here
     status = client.wait_federated(job_id, timeout_s=120)
     assert status.state.phase == "failed" and "round 1: aggregation failed" in status.state.reason, status.state.reason
     assert "svhn" in status.state.reason
@@ -108,7 +108,7 @@ def test_a_test_set_that_is_not_on_the_server_fails_the_job_with_the_reason(clus
 
 def test_a_killed_device_misses_its_round_and_rejoins_a_later_one(cluster) -> None:
     client, store = EdgeTrainClient(cluster.url), cluster.store()
-    job_id = client.submit_federated(spec(target=0.97, deadline_s=12.0, max_rounds=40))
+    job_id = client.submit(spec(target=0.97, deadline_s=12.0, max_rounds=40))
     poll_until(lambda: (s := store.federated.state(job_id)) and s.round >= 2 or None, 180, 0.2, "round 2")
     cluster.kill("device-nano-f")
     killed_in = store.federated.state(job_id).round
@@ -127,7 +127,7 @@ def test_a_killed_device_misses_its_round_and_rejoins_a_later_one(cluster) -> No
 def test_a_frozen_device_does_not_stall_a_round_past_its_deadline_and_its_late_update_is_discarded(cluster) -> None:
     client, store = EdgeTrainClient(cluster.url), cluster.store()
     deadline_s = 10.0
-    job_id = client.submit_federated(spec(target=0.97, deadline_s=deadline_s, max_rounds=40))
+    job_id = client.submit(spec(target=0.97, deadline_s=deadline_s, max_rounds=40))
     poll_until(lambda: (s := store.federated.state(job_id)) and s.round >= 2 and s.phase == "training" or None, 180, 0.05, "round 2")
     frozen = cluster.worker("device-tx2-f")
     frozen.signal(signal.SIGSTOP)
@@ -154,7 +154,7 @@ def test_a_training_delivered_twice_or_after_its_round_closed_leaves_the_job_tra
     holding = cluster.worker("device-tx2-f")
     holding.signal(signal.SIGSTOP)  # its update keeps round 1 open while the Nano's training runs twice
     try:
-        job_id = client.submit_federated(spec(target=0.8, max_rounds=20))
+        job_id = client.submit(spec(target=0.8, max_rounds=20))
         poll_until(lambda: (s := store.federated.state(job_id)) and s.phase == "training" or None, 120, 0.05, "round 1")
         a = store.federated.state(job_id).assigned("nano-f")
         request = TrainRequest(job_id=job_id, round=1, device_id="nano-f", batch_size=a.batch_size, frequency_hz=a.frequency_hz,
@@ -179,7 +179,7 @@ def test_a_training_delivered_twice_or_after_its_round_closed_leaves_the_job_tra
 
 def test_restarting_the_control_worker_while_a_round_is_aggregated_loses_and_repeats_nothing(cluster) -> None:
     client, store = EdgeTrainClient(cluster.url), cluster.store()
-    job_id = client.submit_federated(spec(target=0.9, max_rounds=30))
+    job_id = client.submit(spec(target=0.9, max_rounds=30))
     poll_until(lambda: (s := store.federated.state(job_id)) and s.round >= 2 and s.phase == "aggregating" or None, 180, 0.02,
                "an aggregation")  # fmt: skip
     cluster.kill("control")
@@ -194,7 +194,7 @@ def test_a_cap_set_on_a_device_or_scheduled_rebalances_the_rounds_from_the_next_
     client, store = EdgeTrainClient(cluster.url), cluster.store()
     job = spec(target=0.99, max_rounds=40)
     job["devices"][1]["power_cap_schedule"] = [[3, 4.0]]  # the TX2 NX at 4 W from round 3 on
-    job_id = client.submit_federated(job)
+    job_id = client.submit(job)
     poll_until(lambda: (s := store.federated.state(job_id)) and s.round >= 2 or None, 180, 0.1, "round 2")
     client.set_power_cap("nano-f", 3.0)  # below the 5 W of the spec: the Nano's clock comes down
     set_in = store.federated.state(job_id).round

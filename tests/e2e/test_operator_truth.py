@@ -208,7 +208,7 @@ def test_jobs_names_a_failed_part_and_why_and_sorts_federated_jobs_by_time(fleet
     status = client.wait(failed, timeout_s=TIMEOUT_S)
     reason = status.parts[DEVICE].reason
     assert status.state == JobState.failed and reason, [e.line() for e in status.events]
-    federated = client.submit_federated({
+    federated = client.submit({
         "kind": "federated", "model": "smallcnn", "dataset": {"name": "digits"}, "test_dataset": {"name": "digits"},
         "target_accuracy": 0.8, "batch_sizes": [16], "devices": [{"device_id": "ghost-f", "power_cap_w": 5.0}], "max_rounds": 2,
     })  # fmt: skip

@@ -222,7 +222,7 @@ def test_no_submitter_can_hand_a_federated_round_an_update_and_a_write_beside_th
     device = secure.cluster.worker(f"device-{DEVICE}")
     device.signal(signal.SIGSTOP)  # the round stays open while the updates are forged
     try:
-        job_id = client.submit_federated({
+        job_id = client.submit({
             "kind": "federated", "model": "smallcnn", "dataset": {"name": "digits"}, "test_dataset": {"name": "digits"},
             "target_accuracy": 0.99, "batch_sizes": [16, 32], "devices": [{"device_id": DEVICE}], "max_rounds": 2,
             "local": {"local_steps": 4},

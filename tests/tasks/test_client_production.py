@@ -113,6 +113,17 @@ def test_only_an_awaited_task_has_its_result_stored_and_a_submit_subscribes_to_n
     assert pretrain.name == TaskName.pretrain.value and pretrain.result_stored
 
 
+def test_submit_takes_either_kind_of_spec(client, broker) -> None:
+    job_id = client.submit(quick_job([{"device_id": "nano-3", "power_cap_w": 5.0}]))
+    federated_id = client.submit({"kind": "federated", "model": "smallcnn", "dataset": {"name": "digits"},
+                                  "test_dataset": {"name": "digits"}, "target_accuracy": 0.8, "batch_sizes": [16],
+                                  "devices": [{"device_id": "nano-3", "power_cap_w": 5.0}]})  # fmt: skip
+    assert client.store.jobs.record(job_id) is not None and client.federated_status(job_id) is None
+    assert client.store.jobs.record(federated_id) is None and client.federated_status(federated_id) is not None
+    assert [(t.name, t.payload) for t in queued_tasks(broker, CONTROL_QUEUE)] == [
+        (TaskName.advance_job.value, job_id), (TaskName.federated_advance.value, federated_id)]  # fmt: skip
+
+
 def test_a_client_reads_redis_s_settings_once_a_while_and_refuses_an_evicting_redis_after_it(client, broker, monkeypatch) -> None:
     monkeypatch.setattr(client_module, "SAFE_FOR_S", 0.5)
     job = quick_job([{"device_id": "nano-3", "power_cap_w": 5.0}])
