@@ -28,6 +28,10 @@ Compared per job, like for like on the same seed: Baseline 1, the paper's plain 
 on the proxy's vector, and the oracle (equation (4) on the target's N_b over the job seeds).
 
     python bench/exploration.py [--seeds 0 1 2 3 | --held-out] [--jobs 5] [--json OUT] [--verbose]
+                                [--processes N] [--prepare-only]
+
+`--processes N` computes the missing cached runs of every chosen seed first, in N worker
+processes of one thread each; `--prepare-only` stops there.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import argparse
 import json
 import random
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +81,7 @@ class Setting:
 
     seed: int
     kind: str
-    weights: tuple[str, str, int] | str  # (pre-training dataset, samples) or init:<seed>
+    weights: tuple[str, int, int] | str  # (pre-training dataset, samples) or init:<seed>
     proxy: Goal
     target: Goal
     rows: tuple[tuple[str, float | None], ...]
@@ -96,7 +101,7 @@ def settings(seed: int) -> Setting:
     rng = random.Random(seed)
     kind = "related" if seed % 2 == 0 else "poor"
     if kind == "related":
-        weights: tuple[str, str, int] | str = ("fashion_mnist", rng.choice([30_000, 60_000]), 0)
+        weights: tuple[str, int, int] | str = ("fashion_mnist", rng.choice([30_000, 60_000]), 0)
         proxy = rng.choice([Goal({"name": "digits"}, rng.choice([0.88, 0.9, 0.92])),
                             Goal({"name": "mnist5k", "fraction": 0.3}, rng.choice([0.88, 0.9]))])  # fmt: skip
         target = Goal({"name": "mnist5k", "fraction": rng.choice([0.5, 0.7, 1.0])}, rng.choice([0.88, 0.9, 0.92]))
@@ -338,6 +343,37 @@ def summary(outcomes: list[Outcome]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _weights(st: Setting) -> str:
+    return st.weights_url()
+
+
+def _run(args: tuple[str, dict[str, Any], float, int, int]) -> None:
+    reference_run(MODEL, *args)
+
+
+def prepare(seeds: list[int], jobs: int, processes: int) -> None:
+    """Compute the cached runs every job of `seeds` needs, in `processes` worker processes of
+    one thread each: the pre-trained weights and the twins' tables first, then the proxy's and
+    the target's solo runs at every batch size."""
+    chosen = [settings(seed) for seed in seeds]
+    with ProcessPoolExecutor(processes, initializer=_one_thread) as pool:
+        weights = list(pool.map(_weights, chosen))
+        list(pool.map(table, sorted({twin for st in chosen for twin, _ in st.rows})))
+        runs = {(w, json.dumps(goal.dataset, sort_keys=True), goal.accuracy, b, seed): None
+                for st, w in zip(chosen, weights)
+                for goal, goal_seeds in ((st.proxy, [0, 1]), (st.target, range(jobs)))
+                for seed in goal_seeds for b in st.batch_sizes}  # fmt: skip
+        work = [(w, json.loads(dataset), accuracy, b, seed) for w, dataset, accuracy, b, seed in runs]
+        for done, _ in enumerate(pool.map(_run, work), 1):
+            print(f"prepared {done}/{len(work)} runs", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="*", default=TUNING_SEEDS)
@@ -345,8 +381,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=5, help="jobs per row on the same data")
     parser.add_argument("--json", help="write every job and the summary here")
     parser.add_argument("--verbose", action="store_true", help="every job's line")
+    parser.add_argument("--processes", type=int, default=0, help="compute the missing cached runs in N processes first")
+    parser.add_argument("--prepare-only", action="store_true", help="compute the cached runs and stop")
     args = parser.parse_args(argv)
     seeds = HELD_OUT_SEEDS if args.held_out else args.seeds
+    if args.processes or args.prepare_only:
+        prepare(seeds, args.jobs, max(1, args.processes))
+    if args.prepare_only:
+        return 0
     policy = ExplorationPolicy()
     history: dict[str, list[ProxyCheck]] = {}
     outcomes: list[Outcome] = []
