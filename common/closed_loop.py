@@ -197,7 +197,12 @@ class ClosedLoop:
         """The record of the finished run, its last evaluations taken in."""
         self._take_in(run)
         if self._exploring is not None:
-            self._ended_exploration("the run reached its end before its N_b was measured")
+            if outcome.reached and len(self._curve.segments) == 1:  # its solo run to the target measured it
+                self.belief = belief([*self.records, self.partial_record(outcome)], self.prior, self.trust)
+                self._ended_exploration(None)
+                self._explored(True, "")
+            else:
+                self._ended_exploration("the run reached its end before its N_b was measured")
         return self.partial_record(outcome)
 
     def provenance(self) -> VectorProvenance | None:
@@ -231,13 +236,15 @@ class ClosedLoop:
 
     def _threshold(self) -> float | None:
         """The predicted gain a switch needs now; None when none may happen now (an exploration
-        not measured yet, the dwell, the switch budget)."""
+        not measured yet: with a batch size to match against, for up to twice the samples
+        planned; without, until its own solo run measures it at the target; the dwell, the
+        switch budget)."""
         s = self.settings
         if self._exploring is not None:
             assert self.belief is not None
             measured = self.adaptive.trainer.batch_size in self.belief.measured
             planned = self._exploring.measure_by_samples
-            if not measured and planned is not None and self.adaptive.trainer.samples < 2 * planned:
+            if not measured and (planned is None or self.adaptive.trainer.samples < 2 * planned):
                 return None
             self._ended_exploration(None if measured else "its N_b was not measured in twice the samples planned")
             return s.policy.min_gain

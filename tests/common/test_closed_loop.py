@@ -312,3 +312,23 @@ def test_a_first_job_starts_from_records_of_similar_data_blended_with_the_prior(
     assert blended is not None and blended.provenance is not None and blended.provenance.source == "learned"
     *_, first = run_loop([], prior=blended)
     assert first[0] == 32 and Equation4(PRIOR).choose(TABLE, None).batch_size == 8
+
+
+def test_an_exploration_with_nothing_to_match_against_runs_until_its_own_run_measures_it() -> None:
+    # no run on this data yet: b=32 (0.78 s per 1000 samples at 200 Hz, the prior's r_32 = 0.8) is
+    # expected 4 % slower than b=8 but may be 8 % faster; its whole worst case fits a 13 % budget, so
+    # it is explored with no batch size to match its curve against: it is measured only when its
+    # own solo run reaches the target, and must not be ended before (at the truth's r_32 = 0.7 it
+    # is 45 % faster than b=8)
+    table = TABLE.model_copy(update={"time_s": [[2.0, 1.0], [1.3, 0.78], [2.4, 1.2]]})
+    settings = LoopSettings(policy=ExplorationPolicy(budget=0.13))
+    loop, adaptive, outcome, totals, first = run_loop([], table=table, settings=settings)
+    report = loop.exploration
+    assert first == (32, 200) and report is not None and report.measure_by_samples is None, report
+    assert [(s.old_batch_size, s.new_batch_size) for s in adaptive.switches] == [(8, 32)]  # the start only
+    assert outcome.reached and outcome.batch_size == 32
+    loop.finish(totals, outcome)
+    report = loop.exploration
+    assert report.measured_at_samples == outcome.samples_processed and "kept" in (report.outcome or ""), report.outcome
+    _, plain, _, plain_totals, plain_first = run_loop([], table=table)  # the default budget: b=8 throughout
+    assert plain_first == (8, 200) and in_run(plain) == [] and totals.elapsed_s < 0.6 * plain_totals.elapsed_s
