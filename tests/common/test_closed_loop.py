@@ -17,7 +17,7 @@ from edgetrain.common.exploration import ExplorationPolicy
 from edgetrain.common.learned import DataIdentity, FinetuneRecord, Segment, learned_vector
 from edgetrain.common.schemas import DeviceTarget, LearningRatePolicy, ProfileTable, RelationVector
 from edgetrain.common.selection import Equation4
-from edgetrain.common.testing.devices import RecordedDevice
+from edgetrain.common.testing.devices import ReplayDevice
 from edgetrain.common.training import DeviceTotals, train_to_accuracy
 
 # at 200 Hz every batch size is under 4 W; under 3.2 W, b=8 runs at 200 Hz and b=32 at 100 Hz
@@ -69,15 +69,6 @@ def solo_record(b: int, record_id: str, samples: int | None = None, efficiency: 
         segments=[Segment(batch_size=b, frequency_hz=200, start_samples=0, end_samples=end, device_time_s=1.0, curve=curve)],
         reached=samples is None, samples_to_accuracy=None if samples else round(n_target),
     )  # fmt: skip
-
-
-class ReplayDevice(RecordedDevice):
-    """The replayed table's time and power for steps that really run."""
-
-    def run_steps(self, step, batch_size, steps):
-        for _ in range(steps):
-            step()
-        return super().run_steps(step, batch_size, steps)
 
 
 def control(trainer: WarpTrainer, device: ReplayDevice, strategy, target: DeviceTarget, frequency_hz: int,
