@@ -245,7 +245,7 @@ def replay(curves: Curves, tbl: ProfileTable, cap: float | None, envelope: list[
     time_s = totals.elapsed_s - overshoot * _per_sample_s(tbl, trainer.batch_size, adaptive.frequency_hz)
     segments = [(s.batch_size, s.end_samples - s.start_samples) for s in record.segments]
     segments[-1] = (segments[-1][0], segments[-1][1] - overshoot)
-    moves = [f"at {s.samples} samples: b={s.old_batch_size} -> b={s.new_batch_size} ({s.cause}: {s.note})"
+    moves = [f"at {s.samples} samples: b={s.old_batch_size} -> b={s.new_batch_size} [{s.cause}] {s.note}"
              for s in adaptive.switches if s.samples > 0]  # fmt: skip
     return Job(row, seed, index, [(b, round(n)) for b, n in segments], time_s, outcome.samples_to_accuracy, choice.role,
                choice.selection.note or "", choice.cost_bound, loop.exploration.line() if loop.exploration else "", moves, record,

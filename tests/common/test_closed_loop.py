@@ -110,7 +110,7 @@ def test_the_loop_switches_to_what_the_device_data_shows_is_faster_and_says_why(
     assert (switch.cause, switch.old_batch_size, switch.new_batch_size, switch.new_frequency_hz) == ("evidence", 8, 32, 200)
     assert "evidence: r_b" in switch.note and "% faster than b=8" in switch.note
     gain = int(switch.note.split("b=32 predicted ")[1].split("%")[0])
-    assert 25 <= gain <= 35  # the truth: 1 / (1.1 s x 0.7) = 1.30
+    assert 20 <= gain <= 30  # the truth over the 89 % of the run left, one interval for the switch: 8.2 s / 6.6 s = 1.24
     assert switch.samples == 4 * 256  # after the minimum dwell of 4 evaluations, the first at which it could match 3 levels
     assert loop.belief is not None and loop.belief.measured == {8, 32}
     assert loop.belief.estimates[32].samples == pytest.approx(0.7 * loop.belief.estimates[8].samples, rel=0.02)
@@ -173,9 +173,9 @@ def test_a_second_job_on_the_same_data_starts_at_the_measured_best_and_never_swi
 def test_small_predicted_gains_dwell_and_the_switch_budget_prevent_switching() -> None:
     nearly = {8: 1.0, 32: 1.1 * 1.08, 128: 1.0}  # b=32 8 % faster than b=8 (1.1 s per 1000 samples against 1.0 s)
     loop, adaptive, *_ = run_loop([solo_record(32, "earlier", efficiency=nearly[32])], efficiency=nearly)
-    assert in_run(adaptive) == [] and loop.belief is not None and loop.belief.measured == {8, 32}  # seen; under the 10 % hysteresis
+    assert in_run(adaptive) == [] and loop.belief is not None and loop.belief.measured == {8, 32}  # seen; about 4 % faster over the rest of the run, under the 10 % hysteresis
     loop, adaptive, *_ = run_loop([solo_record(32, "earlier", efficiency=nearly[32])], efficiency=nearly,
-                                  settings=LoopSettings(hysteresis=0.05))  # fmt: skip
+                                  settings=LoopSettings(hysteresis=0.03))  # fmt: skip
     assert [s.new_batch_size for s in in_run(adaptive)] == [32]
     loop, adaptive, *_ = run_loop([solo_record(32, "earlier")], settings=LoopSettings(max_switches=0))
     assert in_run(adaptive) == [] and loop.decisions == []
