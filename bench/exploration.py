@@ -326,18 +326,19 @@ def summary(outcomes: list[Outcome]) -> dict[str, Any]:
     over_b1 = [r for o in poor if (r := o.ratio(o.baseline1_s)) is not None]
     kept = [o.oracle_s / o.job.time_s for o in poor if o.baseline1_s and o.baseline1_s / o.oracle_s > 1.0]
     third = [o for o in outcomes if o.index == 3]
-    costs = [o.job.cost_bound for o in outcomes if o.job.role == "explore"]
-    actual = [o.job.time_s / o.exploit_s - 1 for o in outcomes if o.job.role == "explore" and o.exploit_s]
+    explored = [o for o in outcomes if o.job.role == "explore"]
     return {
-        "jobs": len(outcomes),
+        "jobs": len(outcomes), "related_rows": len(related), "poor_rows": len(poor),
         "related_within_3pct": within(related, 0.03),
         "related_worst_over_oracle": max((o.ratio(o.oracle_s) or 0 for o in related), default=None),
         "related_worst_vs_equation4": max(behind_eq4, default=None),
-        "poor_worst_vs_baseline1": max(over_b1, default=None), "poor_kept_90pct": sum(1 for k in kept if k >= 0.9) / max(1, len(kept)),
-        "third_job_within_3pct": within(third, 0.03),
+        "related_over_3pct_behind_equation4": sum(1 for r in behind_eq4 if r > 1.03),
+        "poor_worst_vs_baseline1": max(over_b1, default=None), "poor_over_1.02x_baseline1": sum(1 for r in over_b1 if r > 1.02),
+        "poor_rows_with_a_speedup": len(kept), "poor_kept_90pct": sum(1 for k in kept if k >= 0.9) / max(1, len(kept)),
+        "third_job_within_3pct": within(third, 0.03), "sequences": len(third),
         "by_job": {k: within([o for o in outcomes if o.index == k], 0.03) for k in sorted({o.index for o in outcomes})},
-        "explorations": len(costs), "exploration_cost_bound_max": max(costs, default=None),
-        "exploration_cost_actual_max": max(actual, default=None),
+        "explorations": [{"setting": o.setting.split(":")[0], "row": o.row, "job": o.index, "cost_bound": o.job.cost_bound,
+                          "cost_vs_exploit_run": None if not o.exploit_s else o.job.time_s / o.exploit_s - 1} for o in explored],
     }  # fmt: skip
 
 
