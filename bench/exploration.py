@@ -6,7 +6,8 @@ target accuracy, two device twins with their caps, and a set of batch sizes. "re
 pre-train on Fashion-MNIST and fine-tune on handwritten digits with another set of digits as the
 proxy; "poor" settings start from a seeded initialisation, with a proxy of another kind (digits
 for clothes, clothes for digits). Seeds 0-3 are for tuning, 100-105 are held out: no rule or
-number in common/belief.py, common/exploration.py or common/trust.py was chosen on them.
+number in common/belief.py, common/exploration.py, common/trust.py or common/closed_loop.py
+was chosen on them.
 
 For each setting, real training (cached by bench/runs.py): the pre-trained weights, the proxy's
 N_b (2 seeds: the server pool's vector) and the target's solo runs at every batch size (one per
