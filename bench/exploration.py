@@ -160,11 +160,8 @@ class Job:
     exploit: Selection
 
 
-def per_sample_s(tbl: ProfileTable, s: Selection) -> float:
-    return _per_sample_s(tbl, s.batch_size, s.frequency_hz)
-
-
-def _per_sample_s(tbl: ProfileTable, b: int, f: int) -> float:
+def per_sample_s(tbl: ProfileTable, b: int, f: int) -> float:
+    """The table's device time per sample at (b, f) (s, SIMULATED)."""
     time_s = tbl.time_s[tbl.batch_sizes.index(b)][tbl.frequencies_hz.index(f)]
     assert time_s is not None
     return time_s / tbl.samples
@@ -243,7 +240,7 @@ def replay(curves: Curves, tbl: ProfileTable, cap: float | None, envelope: list[
         raise RuntimeError(f"job {index} of {row} did not reach the target")
     record = loop.finish(totals, outcome)
     overshoot = outcome.samples_processed - outcome.samples_to_accuracy  # trained past the crossing, to the evaluation after it
-    time_s = totals.elapsed_s - overshoot * _per_sample_s(tbl, trainer.batch_size, adaptive.frequency_hz)
+    time_s = totals.elapsed_s - overshoot * per_sample_s(tbl, trainer.batch_size, adaptive.frequency_hz)
     segments = [(s.batch_size, s.end_samples - s.start_samples) for s in record.segments]
     segments[-1] = (segments[-1][0], segments[-1][1] - overshoot)
     moves = [f"at {s.samples} samples: b={s.old_batch_size} -> b={s.new_batch_size} [{s.cause}] {s.note}"
@@ -255,7 +252,7 @@ def replay(curves: Curves, tbl: ProfileTable, cap: float | None, envelope: list[
 
 def fixed_time(curves: Curves, tbl: ProfileTable, s: Selection, seed: int) -> float | None:
     n = curves.n(s.batch_size, seed)
-    return None if n is None else n * per_sample_s(tbl, s)
+    return None if n is None else n * per_sample_s(tbl, s.batch_size, s.frequency_hz)
 
 
 @dataclass
