@@ -59,8 +59,8 @@ class LoopSettings:
 @dataclass
 class EvidenceSwitch:
     """A switch for evidence, after `samples` at `device_time_s` (s): from the running (b, f)
-    to the chosen one, with what the belief expects of each (t_b * N_b, on the belief's scale)
-    and the note that says why (also the ConfigSwitch's)."""
+    to the chosen one, with what the belief expects each to take for the rest of the run (s, on
+    the belief's scale) and the note that says why (also the ConfigSwitch's)."""
 
     samples: int
     device_time_s: float
@@ -197,7 +197,12 @@ class ClosedLoop:
         """The record of the finished run, its last evaluations taken in."""
         self._take_in(run)
         if self._exploring is not None:
-            self._ended_exploration("the run reached its end before its N_b was measured")
+            if outcome.reached and len(self._curve.segments) == 1:  # its solo run to the target measured it
+                self.belief = belief([*self.records, self.partial_record(outcome)], self.prior, self.trust)
+                self._ended_exploration(None)
+                self._explored(True, "")
+            else:
+                self._ended_exploration("the run reached its end before its N_b was measured")
         return self.partial_record(outcome)
 
     def provenance(self) -> VectorProvenance | None:
@@ -231,13 +236,15 @@ class ClosedLoop:
 
     def _threshold(self) -> float | None:
         """The predicted gain a switch needs now; None when none may happen now (an exploration
-        not measured yet, the dwell, the switch budget)."""
+        not measured yet: with a batch size to match against, for up to twice the samples
+        planned; without, until its own solo run measures it at the target; the dwell, the
+        switch budget)."""
         s = self.settings
         if self._exploring is not None:
             assert self.belief is not None
             measured = self.adaptive.trainer.batch_size in self.belief.measured
             planned = self._exploring.measure_by_samples
-            if not measured and planned is not None and self.adaptive.trainer.samples < 2 * planned:
+            if not measured and (planned is None or self.adaptive.trainer.samples < 2 * planned):
                 return None
             self._ended_exploration(None if measured else "its N_b was not measured in twice the samples planned")
             return s.policy.min_gain
@@ -247,7 +254,10 @@ class ClosedLoop:
 
     def _switch_if_faster(self, run: DeviceTotals, now: Belief, strategy: Believed, threshold: float) -> str | None:
         """Switch to the belief's choice when it is predicted faster than the running
-        configuration by more than `threshold`; returns the switch's note (None: no switch)."""
+        configuration by more than `threshold` over the rest of the run: the share of the
+        progress left (each segment's samples over its N_b done) at each, plus one evaluation
+        interval at the choice for the switch (a switched run resumes about an interval behind
+        one begun at the new batch size); returns the switch's note (None: no switch)."""
         running = self._config()
         try:
             table, cap = self.adaptive.selecting()
@@ -257,11 +267,18 @@ class ClosedLoop:
             return None
         if choice.batch_size == running[0] or running[0] not in found or choice.batch_size not in found:
             return None
-        running_s, choice_s = found[running[0]].expected_s, found[choice.batch_size].expected_s
+        done = sum((s.end_samples - s.start_samples) / now.estimates[s.batch_size].samples
+                   for s in self._curve.segments if s.batch_size in now.estimates)  # fmt: skip
+        left = 1.0 - done
+        if left <= 0:
+            return None  # the run is about to reach its target where it is
+        x = found[choice.batch_size]
+        running_s = found[running[0]].expected_s * left
+        choice_s = x.per_sample_s * (x.estimate.samples * left + self.identity.eval_every_samples)
         if choice_s * (1 + threshold) >= running_s:
             return None
         note = (f"evidence: {now.line()}; b={choice.batch_size} predicted {running_s / choice_s - 1:.0%} faster than "
-                f"b={running[0]}")  # fmt: skip
+                f"b={running[0]} over the {left:.0%} of the run left")  # fmt: skip
         decision = EvidenceSwitch(
             samples=self.adaptive.trainer.samples, device_time_s=run.elapsed_s, running=running,
             choice=(choice.batch_size, choice.frequency_hz), running_estimate_s=running_s, choice_estimate_s=choice_s, note=note,

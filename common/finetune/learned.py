@@ -160,7 +160,8 @@ def warp_ratio(curve: list[tuple[int, float]], reference: list[tuple[int, float]
 def relative_samples(records: list[FinetuneRecord]) -> dict[int, list[float]]:
     """Per batch size, N_b on the records' data relative to one reference run (log-consistent):
     solo N_b where a run reached the target at one batch size, and solo curves matched to the
-    longest solo curve of a run that reached it (or of any)."""
+    longest solo curve of a run that reached it (or of any). Without a run that reached the
+    target, curves at one batch size alone measure nothing (their scale is arbitrary): none."""
     solos = [(r, c) for r in records if (c := r.solo_curve()) is not None]
     if not solos:
         return {}
@@ -176,7 +177,7 @@ def relative_samples(records: list[FinetuneRecord]) -> dict[int, list[float]]:
             values.setdefault(b, []).append(anchor_n)
         elif (ratio := warp_ratio(curve, anchor_curve)) is not None:
             values.setdefault(b, []).append(anchor_n * ratio)
-    return values
+    return values if full or len(values) > 1 else {}
 
 
 def learned_vector(records: list[FinetuneRecord], prior: RelationVector, similar: bool = False) -> RelationVector | None:

@@ -53,3 +53,12 @@ class RecordedDevice:
 
     def restore(self) -> None:
         self.frequency_hz = None
+
+
+class ReplayDevice(RecordedDevice):
+    """The recorded table's time and power for steps that really run (a replayed fine-tune)."""
+
+    def run_steps(self, step: Callable[[], None], batch_size: int, steps: int) -> Measurement:
+        for _ in range(steps):
+            step()
+        return super().run_steps(step, batch_size, steps)

@@ -16,7 +16,7 @@ from edgetrain.common.finetune.adaptive import AdaptiveControl, CapFollower, Pow
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceCap, DeviceTarget, JobSpec, LearningRatePolicy, ProfileTable, RelationVector
 from edgetrain.common.selection import Equation4
-from edgetrain.common.testing.devices import RecordedDevice
+from edgetrain.common.testing.devices import RecordedDevice, ReplayDevice
 from edgetrain.common.training import Trainer, make_optimizer, train_to_accuracy
 
 # b=32 is fastest at every frequency it can afford; each cap below picks another point.
@@ -93,15 +93,6 @@ def test_guard_stays_down_while_the_drift_would_put_the_level_above_over_the_cap
     assert guard.observe(region(5.5), 5.0, row, 2, 2) == 1  # +10 % over the table
     assert [guard.observe(region(4.4), 5.0, row, 1, 2) for _ in range(5)] == [1] * 5  # 5.0 W x 1.1 > 5 W above
     assert guard.drift() == pytest.approx(1.1)
-
-
-class ReplayDevice(RecordedDevice):
-    """The replayed table's time and power for steps that really run."""
-
-    def run_steps(self, step, batch_size, steps):
-        for _ in range(steps):
-            step()
-        return super().run_steps(step, batch_size, steps)
 
 
 class DriftingDevice(ReplayDevice):
