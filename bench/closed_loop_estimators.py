@@ -9,7 +9,7 @@ Fashion-MNIST (60000 samples) and fine-tuned on the MNIST subset (real training,
 - noise: the gradient noise scale tr(Sigma) / |G|^2 online from consecutive steps' gradients
   (as adaptdl does with one replica), ratio of sums, along a solo run at b=128 and b=64.
 
-    python bench/closed_loop_estimators.py warp|segments|noise
+    python -m bench.closed_loop_estimators warp|segments|noise
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ twins), the same for every method.
 Compared per job, like for like on the same seed: Baseline 1, the paper's plain equation (4)
 on the proxy's vector, and the oracle (equation (4) on the target's N_b over the job seeds).
 
-    python bench/exploration.py [--seeds 0 1 2 3 | --held-out] [--jobs 5] [--json OUT] [--verbose]
+    python -m bench.exploration [--seeds 0 1 2 3 | --held-out] [--jobs 5] [--json OUT] [--verbose]
                                 [--processes N] [--prepare-only]
 
 `--processes N` computes the missing cached runs of every chosen seed first, in N worker
