@@ -8,11 +8,18 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from edgetrain.common.settings import get_data_settings, reload_settings
 from edgetrain.common.store import Store
 from edgetrain.workers.commands.data_fetch import fetch
 from edgetrain.workers.processes.cluster import EmbeddedRedis
+
+# Several test processes and the workers they start share a few cores: PyTorch's thread pools,
+# each as wide as the machine, would wait on one another (one thread per process; the workers
+# the tests start inherit it).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")
