@@ -163,11 +163,22 @@ def main() -> int:
     fixed = Robust(vector).choose(table, min(CAPS_W))
     runs = [
         fine_tune("adaptive", spec, table, Robust(vector), target),
-        fine_tune(f"best fixed (b={fixed.batch_size}, {fixed.frequency_hz / 1e6:g} MHz)", spec, table,
-                  Fixed(vector, fixed.batch_size, fixed.frequency_hz), target),  # fmt: skip
+        fine_tune(
+            f"best fixed (b={fixed.batch_size}, {fixed.frequency_hz / 1e6:g} MHz)",
+            spec,
+            table,
+            Fixed(vector, fixed.batch_size, fixed.frequency_hz),
+            target,
+        ),  # fmt: skip
         fine_tune("baseline 1 re-pinned", spec, table, Baseline1(vector, device.power_envelope_w), target),
-        fine_tune(f"adaptive + drift x{DRIFT_FACTOR:g} after {DRIFT_AFTER} steps", spec, table, Robust(vector), target,
-                  PowerDrift(after_steps=DRIFT_AFTER, factor=DRIFT_FACTOR)),  # fmt: skip
+        fine_tune(
+            f"adaptive + drift x{DRIFT_FACTOR:g} after {DRIFT_AFTER} steps",
+            spec,
+            table,
+            Robust(vector),
+            target,
+            PowerDrift(after_steps=DRIFT_AFTER, factor=DRIFT_FACTOR),
+        ),  # fmt: skip
     ]
     print(f"SIMULATED: {TWIN} twin, {spec.model} on {spec.dataset.name} to {spec.target_accuracy:.0%}; "
           f"cap schedule {schedule} (s of device time, W)")  # fmt: skip

@@ -114,17 +114,22 @@ def slope_ratios(points: list[tuple[int, float, int]], a: int, b: int, second_ha
 def segments(weights: str) -> None:
     truth = {b: statistics.fmean(reference_run("smallcnn", weights, {"name": "mnist5k"}, 0.93, b, s)["outcome"]["samples_to_accuracy"]
                                  for s in (0, 1)) for b in BATCHES}  # fmt: skip
-    designs = [("1024 samples, one Adam state", 1024, False, False, 8704),
-               ("1024 samples, Adam state per batch size", 1024, True, False, 10752),
-               ("4096 samples, per batch size, second halves", 4096, True, True, 20992)]
+    designs = [
+        ("1024 samples, one Adam state", 1024, False, False, 8704),
+        ("1024 samples, Adam state per batch size", 1024, True, False, 10752),
+        ("4096 samples, per batch size, second halves", 4096, True, True, 20992),
+    ]
     for name, length, per_b, half, total in designs:
         print(name)
         for a, b in ((128, 64), (128, 32), (64, 32)):
             for seed in (0, 1):
                 ratios = slope_ratios(alternate(weights, a, b, length, total, seed, per_b), a, b, half)
                 mean = math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else float("nan")
-                print(f"  A={a} B={b} seed {seed}: B's progress per sample over A's {mean:.2f} ({len(ratios)} segments); "
-                      f"solo N_A / N_B {truth[a] / truth[b]:.2f}; sqrt(A / B) {math.sqrt(a / b):.2f}", flush=True)
+                print(
+                    f"  A={a} B={b} seed {seed}: B's progress per sample over A's {mean:.2f} ({len(ratios)} segments); "
+                    f"solo N_A / N_B {truth[a] / truth[b]:.2f}; sqrt(A / B) {math.sqrt(a / b):.2f}",
+                    flush=True,
+                )
 
 
 def noise(weights: str) -> None:

@@ -289,10 +289,14 @@ def main() -> None:
     args = parser.parse_args()
     if len(args.rates) != len(args.sizes):
         parser.error("give one --rates value per --sizes value")
-    print(f"simulated devices ({', '.join(TWINS)}), one real Redis per size, a control worker of "
-          f"{args.control_concurrency} processes; every part checked: dispatched once, nothing lost")
-    print("| devices | paced jobs: rate, p99 latency | one job over every device: all dispatched | "
-          "status() of that job (summary), median / p99 | fleet(), median | Redis per device, per job |")
+    print(
+        f"simulated devices ({', '.join(TWINS)}), one real Redis per size, a control worker of "
+        f"{args.control_concurrency} processes; every part checked: dispatched once, nothing lost"
+    )
+    print(
+        "| devices | paced jobs: rate, p99 latency | one job over every device: all dispatched | "
+        "status() of that job (summary), median / p99 | fleet(), median | Redis per device, per job |"
+    )
     print("|---|---|---|---|---|---|")
     results = []
     for devices, rate in zip(args.sizes, args.rates):
@@ -304,18 +308,23 @@ def main() -> None:
               f"| {r['fleet_ms']['median']:.1f} ms | {r['redis_bytes_per_device']:.0f} B, {r['redis_bytes_per_job']:.0f} B |",
               flush=True)  # fmt: skip
     for r in results:
-        print(f"{r['devices']} devices: each paced job cost the control worker {r['control_cpu_ms_per_job']:.2f} ms of CPU and Redis "
-              f"{r['redis_commands_per_job']:.0f} commands (the fleet's heartbeats taken out); Redis's CPU "
-              f"{100 * r['redis_cpu_idle']:.0f} % of a core with heartbeats alone, {100 * r['redis_cpu_paced']:.0f} % while paced")
+        print(
+            f"{r['devices']} devices: each paced job cost the control worker {r['control_cpu_ms_per_job']:.2f} ms of CPU and Redis "
+            f"{r['redis_commands_per_job']:.0f} commands (the fleet's heartbeats taken out); Redis's CPU "
+            f"{100 * r['redis_cpu_idle']:.0f} % of a core with heartbeats alone, {100 * r['redis_cpu_paced']:.0f} % while paced"
+        )
     scraped = scrape_run(args.scrape_devices)
-    print(f"one job over {scraped['devices']} devices, every fine-tune dispatched: a scrape of the exporter takes "
-          f"{scraped['scrape_ms']['median']:.0f} ms (median), {scraped['scrape_ms']['p99']:.0f} ms (p99)")
+    print(
+        f"one job over {scraped['devices']} devices, every fine-tune dispatched: a scrape of the exporter takes "
+        f"{scraped['scrape_ms']['median']:.0f} ms (median), {scraped['scrape_ms']['p99']:.0f} ms (p99)"
+    )
     for small, big in zip(results, results[1:]):
         ideal = big["devices"] / small["devices"]
         grew = big["burst_all_dispatched_s"] / small["burst_all_dispatched_s"]
         status = big["status_ms"]["median"] / small["status_ms"]["median"]
-        print(f"{small['devices']} -> {big['devices']} devices (x{ideal:g}, linear): dispatch time x{grew:.1f}, "
-              f"status median x{status:.1f}")
+        print(
+            f"{small['devices']} -> {big['devices']} devices (x{ideal:g}, linear): dispatch time x{grew:.1f}, status median x{status:.1f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"sizes": results, "scrape": scraped}, indent=2))
 

@@ -69,7 +69,7 @@ def draw(prometheus: Prometheus, start: float, end: float, png: Path) -> None:
             ax.set_xlabel(unit, fontsize=8)
         else:
             ax.set_ylabel(unit, fontsize=8)
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     fig.suptitle("edgetrain fleet (SIMULATED twins: device time, power and energy are the twins'; accuracy is real)", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.98))

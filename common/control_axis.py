@@ -23,6 +23,7 @@ DRIVER_CHOICE = 0  # the single setting of the driver_clock axis
 
 class ControlAxis(str, Enum):
     """What a device's settings are: locked GPU clocks (Hz), the driver's choice, or power limits (mW)."""
+
     GPU_CLOCK_HZ = "gpu_clock_hz"
     DRIVER_CLOCK = "driver_clock"
     POWER_LIMIT_MW = "power_limit_mw"
@@ -56,7 +57,7 @@ class ClockObservation(BaseModel):
     samples: int = Field(ge=1, description="clock readings taken")
 
     def describe(self) -> str:
-        """"1410-1980 MHz (mean 1845)" or "1410 MHz" when it did not move."""
+        """ "1410-1980 MHz (mean 1845)" or "1410 MHz" when it did not move."""
         if self.min_hz == self.max_hz:
             return f"{self.min_hz / 1e6:g} MHz"
         return f"{self.min_hz / 1e6:g}-{self.max_hz / 1e6:g} MHz (mean {self.mean_hz / 1e6:.0f})"
@@ -70,4 +71,3 @@ def describe_setting(axis: ControlAxis, setting: int, observed: ClockObservation
     if observed is not None and not pinned:
         text += f", observed {observed.describe()}"
     return text
-

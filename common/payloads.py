@@ -60,7 +60,11 @@ def profile_resource(request: ProfileRequest) -> str:
 
 
 def profile_request(
-    device: DeviceInfo, owner: str, model: str, batch_sizes: list[int] | None, options: ProfilingOptions,
+    device: DeviceInfo,
+    owner: str,
+    model: str,
+    batch_sizes: list[int] | None,
+    options: ProfilingOptions,
     power_cap_w: float | None,
 ) -> ProfileRequest:
     """The one way to ask for a profile, from a job or from `edgetrain profile run`: the step
@@ -84,6 +88,7 @@ def job_profile_request(job_id: str, spec: JobSpec, target: DeviceTarget, device
 
 class ProfileResult(Strict):
     """What `profile_device` stored: the table id, how many points it measured, whether simulated."""
+
     table_id: str
     points_measured: int
     simulated: bool
@@ -139,6 +144,7 @@ def finetune_request(
 
 class EstimateResult(Strict):
     """What `estimate_relation_vector` did: the vector's key, whether it was cached, runs dispatched."""
+
     vector_key: str
     cached: bool
     runs_dispatched: int
@@ -167,5 +173,6 @@ class PretrainRequest(Strict):
 
 class PretrainResult(Strict):
     """Pre-trained weights in the artifact store, and their test accuracy."""
+
     weights: str = Field(description="artifact URL of the weights, for a job's `weights`")
     test_accuracy: float

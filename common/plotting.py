@@ -134,9 +134,7 @@ def _panel(
     ax.set_title(title, fontsize=10)
 
 
-def describe_selection(
-    table: ProfileTable, vector: RelationVector | None, power_cap_w: float | None
-) -> tuple[Selection | None, str]:
+def describe_selection(table: ProfileTable, vector: RelationVector | None, power_cap_w: float | None) -> tuple[Selection | None, str]:
     """Eq. (4) for the table (r_b = 1 for all b when `vector` is None), and one line saying
     what was selected, or why nothing was, and with which vector."""
     note = "relation vector given" if vector is not None else "no relation vector: r_b = 1 for all b"
@@ -201,9 +199,7 @@ def profile_figure(table: ProfileTable, power_cap_w: float | None, title: str) -
     return fig, (left, right)
 
 
-def plot_profile(
-    table: ProfileTable, path: str | Path, power_cap_w: float | None, vector: RelationVector | None
-) -> None:
+def plot_profile(table: ProfileTable, path: str | Path, power_cap_w: float | None, vector: RelationVector | None) -> None:
     """Write a PNG with the peak power (W) and time for N_s samples (s) heatmaps of `table`,
     the cap's feasible boundary and the selection of eq. (4) (r_b = 1 when `vector` is None)."""
     choice, selection_note = describe_selection(table, vector, power_cap_w)

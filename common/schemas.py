@@ -217,7 +217,9 @@ class JobSpec(Strict):
     profiling: ProfilingOptions = Field(default_factory=ProfilingOptions)
     objective: Objective = Field(default_factory=Objective, description="what selection minimises (default: time)")
     device_grace_s: float = Field(
-        120.0, ge=0, le=7 * 24 * 3600,
+        120.0,
+        ge=0,
+        le=7 * 24 * 3600,
         description="how long a part waits for a device that stopped heartbeating, or has not registered yet, before it fails (s)",
     )
 
@@ -286,9 +288,7 @@ class DeviceInfo(Strict):
     frequencies_hz: list[int]
     memory_bytes: int
     simulated: bool
-    power_envelope_w: list[float] | None = Field(
-        None, description="model-agnostic full-load board power per frequency (W), for Baseline 1"
-    )
+    power_envelope_w: list[float] | None = Field(None, description="model-agnostic full-load board power per frequency (W), for Baseline 1")
     software: dict[str, str] = Field(default_factory=dict, description="versions its tables are made with")
     control: ControlAxis = Field(ControlAxis.GPU_CLOCK_HZ, description="what frequencies_hz holds: the control axis")
     hostname: str = ""
@@ -351,9 +351,7 @@ class ProfileTable(Strict):
             if table is None:
                 continue
             if len(table) != rows or any(len(r) != cols for r in table):
-                raise ValueError(
-                    f"{name} must have {rows} rows (one per batch size) of {cols} values (one per frequency)"
-                )
+                raise ValueError(f"{name} must have {rows} rows (one per batch size) of {cols} values (one per frequency)")
         if sorted(set(self.frequencies_hz)) != self.frequencies_hz:
             raise ValueError("frequencies_hz must be strictly increasing")
         if sorted(set(self.batch_sizes)) != self.batch_sizes:

@@ -96,8 +96,7 @@ def envelope_index(table: ProfileTable, power_cap_w: float | None, power_envelop
     worst row stands in for it. InfeasibleCapError when even the lowest frequency is over."""
     if power_envelope_w is None:
         power_envelope_w = [
-            max((p for row in table.peak_power_w if (p := row[j]) is not None), default=math.inf)
-            for j in range(len(table.frequencies_hz))
+            max((p for row in table.peak_power_w if (p := row[j]) is not None), default=math.inf) for j in range(len(table.frequencies_hz))
         ]
     j = highest_feasible_index(list(power_envelope_w), power_cap_w)
     if j is None:

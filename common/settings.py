@@ -140,6 +140,7 @@ class Settings(DataSettings):
                 f"lease_ttl_s={self.lease_ttl_s} must be longer than heartbeat_s={self.heartbeat_s} (leases renew at that period)"
             )
         return self
+
     # security (docs/security.md)
     redis_url_file: Path | None = Field(None, description="a file holding the Redis URL (its password stays out of `ps`)")
     redis_password_file: Path | None = Field(None, description="a file holding the password of the Redis URL's user")

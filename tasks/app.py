@@ -18,9 +18,13 @@ from .contract import CONTROL_QUEUE, FIXED_ROUTES, TaskName
 from .signing import enable_signing, signing_config
 from .tls import tls_config
 
-TASK_MODULES = ("edgetrain.tasks.workflow", "edgetrain.tasks.federated", "edgetrain.tasks.server", "edgetrain.tasks.device",
-                "edgetrain.tasks.federated_work")
-
+TASK_MODULES = (
+    "edgetrain.tasks.workflow",
+    "edgetrain.tasks.federated",
+    "edgetrain.tasks.server",
+    "edgetrain.tasks.device",
+    "edgetrain.tasks.federated_work",
+)
 
 
 class NotConfigured(RuntimeError):

@@ -266,9 +266,7 @@ class EdgeTrainClient:
             assert current is not None
             return current
 
-    def status(
-        self, job_id: str, devices: list[str] | None = None, state: PartState | None = None, page: int | None = None
-    ) -> JobStatus:
+    def status(self, job_id: str, devices: list[str] | None = None, state: PartState | None = None, page: int | None = None) -> JobStatus:
         """The job's state, counts of parts per state, parts, progress and events, with notes on
         what it waits for that no live worker will do, how far the tables and vector it waits
         for are, and what runs on the devices of its queued parts; a part that failed before its device's type was recorded shows the type

@@ -116,8 +116,14 @@ def show_progress(task: Task, text: str) -> None:
 
 
 def send(
-    app: Celery, task: TaskName, payload: BaseModel | dict[str, Any] | str, queue: str | None = None, job_id: str | None = None,
-    task_id: str | None = None, awaited: bool = False, setting: str | None = None,
+    app: Celery,
+    task: TaskName,
+    payload: BaseModel | dict[str, Any] | str,
+    queue: str | None = None,
+    job_id: str | None = None,
+    task_id: str | None = None,
+    awaited: bool = False,
+    setting: str | None = None,
 ) -> AsyncResult:
     """Send `task` with its payload to `queue` (default: its fixed route), as task `task_id`
     (default: a new id); `job_id` names the job it serves in its label when the payload does

@@ -307,4 +307,3 @@ def _end(job_id: str, device_id: str, event: PartEvent, advance: bool = True) ->
     if advance:
         advance_device(job_id, device_id)
     return applied
-

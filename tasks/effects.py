@@ -30,8 +30,11 @@ def claim_and_profile(job_id: str, effect: ClaimAndProfile, log: Log) -> None:
     elif s.coordination.claim(resource, token := claim_token(job_id)):
         request = effect.request.model_copy(update={"owner": token})
         rows = f"rows {request.batch_sizes} " if request.merge else ""
-        log(f"profiling {rows}{effect.table_id} on {request.device_id} ({request.options.mode})", request.device_id,
-            {"table": effect.table_id, "rows": ",".join(map(str, request.batch_sizes)), "mode": request.options.mode})
+        log(
+            f"profiling {rows}{effect.table_id} on {request.device_id} ({request.options.mode})",
+            request.device_id,
+            {"table": effect.table_id, "rows": ",".join(map(str, request.batch_sizes)), "mode": request.options.mode},
+        )
         send_tracked(app, s.ledger, TaskName.profile_device, request, device_queue(request.device_id), job_id)
 
 

@@ -76,8 +76,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not args.device_id or not args.backend:
         print("edgetrain worker device: --device-id and --backend are required", file=sys.stderr)
         return ExitCode.usage
-    device = make_device(args.backend, args.device_id, args.sysfs_root, args.allow_clock_control, args.gpu_index,
-                         args.allow_power_limit)
+    device = make_device(args.backend, args.device_id, args.sysfs_root, args.allow_clock_control, args.gpu_index, args.allow_power_limit)
     return run_device_worker(settings, args.device_id, device, args.loglevel)
 
 
@@ -171,7 +170,7 @@ def _submit_federated(args: argparse.Namespace, client: EdgeTrainClient, spec: F
     rounds_seen = [0]
 
     def show(status: FederatedStatus) -> None:
-        for r in status.rounds[rounds_seen[0]:]:
+        for r in status.rounds[rounds_seen[0] :]:
             note(f"round {r.round}: global accuracy {r.accuracy:.4f}, {len(r.devices)} updates, {r.elapsed_s:.2f} device s so far")
         rounds_seen[0] = len(status.rounds)
 
@@ -430,15 +429,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", help="device backend: sim:<twin>, jetson or nvml")
     p.add_argument("--sysfs-root", type=Path, help="root of the Jetson sysfs tree (default /)")
     p.add_argument("--allow-clock-control", action="store_true", help="nvml: allow locking GPU clocks")
-    p.add_argument("--allow-power-limit", action="store_true",
-                   help="nvml: control the GPU's power limit (restored on exit); the default is read-only")
+    p.add_argument(
+        "--allow-power-limit", action="store_true", help="nvml: control the GPU's power limit (restored on exit); the default is read-only"
+    )
     p.add_argument("--gpu-index", type=int, default=0, help="nvml: which GPU")
     p.add_argument("--gpus", help="server: comma-separated GPU indices, one worker process per GPU")
     p.add_argument("--concurrency", type=int, default=1, help="pool processes (server and control workers)")
     p.add_argument("--name", help="worker node name")
     p.add_argument("--loglevel", default="INFO")
-    p.add_argument("--log-format", choices=["text", "json"],
-                   help="text, or one JSON object per line with job, device, task and task id (default: $EDGETRAIN_LOG_FORMAT)")
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="text, or one JSON object per line with job, device, task and task id (default: $EDGETRAIN_LOG_FORMAT)",
+    )
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("fleet", help="list registered devices (with a cap set on them by `edgetrain cap`) and live workers",
@@ -449,8 +452,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("submit", help="submit a job spec (JSON file)", parents=conn)
     p.add_argument("job", help="JOB.json")
     p.add_argument("--wait", action="store_true", help="follow progress until the job ends")
-    p.add_argument("--timeout", type=positive_seconds, metavar="S",
-                   help="wait at most S seconds (implies --wait), then exit with status 6; the job goes on")
+    p.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        metavar="S",
+        help="wait at most S seconds (implies --wait), then exit with status 6; the job goes on",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_submit)
 
@@ -469,8 +476,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_select)
 
-    p = sub.add_parser("jobs", help="list the newest jobs, federated ones among them (not with --state or --json), with one "
-                       "failed part of each and why; `jobs prune` deletes old finished jobs", parents=conn)
+    p = sub.add_parser(
+        "jobs",
+        help="list the newest jobs, federated ones among them (not with --state or --json), with one "
+        "failed part of each and why; `jobs prune` deletes old finished jobs",
+        parents=conn,
+    )
     p.add_argument("--state", choices=[s.value for s in JobState], help="only jobs in this state")
     p.add_argument("--limit", type=int, default=100, help="how many of the newest jobs (default 100)")
     p.add_argument("--json", action="store_true")
@@ -537,11 +548,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default="127.0.0.1", help="listen address (default 127.0.0.1; 0.0.0.0 for a scraper elsewhere)")
     p.set_defaults(func=cmd_exporter)
 
-    p = sub.add_parser("redis-acl", help="a Redis ACL file with a user per role (worker, submitter, monitor; replica and sentinel "
-                       "for Redis Sentinel)")
+    p = sub.add_parser(
+        "redis-acl", help="a Redis ACL file with a user per role (worker, submitter, monitor; replica and sentinel for Redis Sentinel)"
+    )
     p.add_argument("--passwords", type=Path, required=True, help="folder of <role>.password files")
-    p.add_argument("--make-secrets", action="store_true",
-                   help="first make a random password file for each role that has none (the folder 0700, the files 0600)")
+    p.add_argument(
+        "--make-secrets",
+        action="store_true",
+        help="first make a random password file for each role that has none (the folder 0700, the files 0600)",
+    )
     p.add_argument("--out", type=Path, metavar="FILE", help="write the ACL file to FILE, only once it is complete (default: stdout)")
     p.add_argument("--key-prefix", default=DEFAULT_PREFIX, help="edgetrain's key prefix (EDGETRAIN_KEY_PREFIX)")
     p.set_defaults(func=cmd_redis_acl)

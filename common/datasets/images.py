@@ -31,6 +31,7 @@ PAD_LIMIT = 8  # pixels: larger size gaps are resized instead of padded
 @dataclass(frozen=True)
 class ImageArrays:
     """A loader's images (N, C, H, W) as uint8 or float in [0, 1], labels (N,) and the class count."""
+
     images: np.ndarray  # (N, C, H, W): uint8 in [0, 255] or float32 in [0, 1]
     labels: np.ndarray  # (N,) int64
     num_classes: int

@@ -18,6 +18,7 @@ from .text import TEXT_LOADERS, VOCAB, encode_text, text_windows
 @dataclass
 class LoadedDataset:
     """A dataset shaped for a model: train and test splits and the class (or vocabulary) count."""
+
     name: str
     train: TensorDataset
     test: TensorDataset

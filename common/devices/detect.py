@@ -10,13 +10,12 @@ from .jetson import inspect as inspect_jetson
 from .nvml import inspect_nvml
 
 NEXT_STEP = {
-    "jetson": "start a device worker with --backend jetson, as root to pin the GPU clock "
-              "(reading power and clocks works without root)",
+    "jetson": "start a device worker with --backend jetson, as root to pin the GPU clock (reading power and clocks works without root)",
     "nvml": "start a device worker with --backend nvml: read-only by default (the driver chooses the clock); "
-            "--allow-power-limit sets the GPU's power limit, --allow-clock-control locks its clocks (both need root)",
+    "--allow-power-limit sets the GPU's power limit, --allow-clock-control locks its clocks (both need root)",
     "none": "no Jetson sysfs tree and no NVIDIA GPU were found: on a Jetson, point --sysfs-root at its root "
-            "(default /); on a machine with an NVIDIA GPU, install the driver and the package nvidia-ml-py; "
-            "anywhere else, run a simulated twin: --backend sim:jetson-orin-nano (edgetrain device twins lists them)",
+    "(default /); on a machine with an NVIDIA GPU, install the driver and the package nvidia-ml-py; "
+    "anywhere else, run a simulated twin: --backend sim:jetson-orin-nano (edgetrain device twins lists them)",
 }
 
 

@@ -43,8 +43,7 @@ def clock_stats(clocks_hz: list[int]) -> ClockObservation | None:
     """Mean and range of GPU clock readings (Hz); None without readings."""
     if not clocks_hz:
         return None
-    return ClockObservation(mean_hz=sum(clocks_hz) / len(clocks_hz), min_hz=min(clocks_hz), max_hz=max(clocks_hz),
-                            samples=len(clocks_hz))
+    return ClockObservation(mean_hz=sum(clocks_hz) / len(clocks_hz), min_hz=min(clocks_hz), max_hz=max(clocks_hz), samples=len(clocks_hz))
 
 
 class PowerSampler:
@@ -56,8 +55,13 @@ class PowerSampler:
     end to end. A failing read stops sampling and stop() raises DeviceError.
     """
 
-    def __init__(self, read_power_w: Callable[[], float], rate_hz: float = DEFAULT_RATE_HZ,
-                 clock: Callable[[], float] = time.monotonic, read_clock_hz: Callable[[], int] | None = None):
+    def __init__(
+        self,
+        read_power_w: Callable[[], float],
+        rate_hz: float = DEFAULT_RATE_HZ,
+        clock: Callable[[], float] = time.monotonic,
+        read_clock_hz: Callable[[], int] | None = None,
+    ):
         if rate_hz < MIN_RATE_HZ:
             raise ValueError(f"rate_hz={rate_hz} is too low: at least {MIN_RATE_HZ} Hz is needed to catch power peaks")
         self._read = read_power_w
@@ -135,9 +139,15 @@ def _cuda_synchronize() -> Callable[[], None]:
     return torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 
 
-def measure_steps(step: Callable[[], None], batch_size: int, steps: int, read_power_w: Callable[[], float],
-                  rate_hz: float = DEFAULT_RATE_HZ, read_energy_j: Callable[[], float] | None = None,
-                  read_clock_hz: Callable[[], int] | None = None) -> Measurement:
+def measure_steps(
+    step: Callable[[], None],
+    batch_size: int,
+    steps: int,
+    read_power_w: Callable[[], float],
+    rate_hz: float = DEFAULT_RATE_HZ,
+    read_energy_j: Callable[[], float] | None = None,
+    read_clock_hz: Callable[[], int] | None = None,
+) -> Measurement:
     """Run `step` `steps` times with the GPU synchronised before and after, sampling power
     and, when `read_clock_hz` is given, the GPU clock (Hz) that ran them.
 
@@ -163,8 +173,16 @@ def measure_steps(step: Callable[[], None], batch_size: int, steps: int, read_po
         mean = energy / elapsed if elapsed > 0 else stats.mean_w
     else:
         energy, mean = stats.mean_w * elapsed, stats.mean_w
-    return Measurement(steps=steps, batch_size=batch_size, elapsed_s=elapsed, energy_j=energy,
-                       peak_power_w=stats.peak_w, mean_power_w=mean, simulated=False, clock=stats.clock)
+    return Measurement(
+        steps=steps,
+        batch_size=batch_size,
+        elapsed_s=elapsed,
+        energy_j=energy,
+        peak_power_w=stats.peak_w,
+        mean_power_w=mean,
+        simulated=False,
+        clock=stats.clock,
+    )
 
 
 def measure_idle(seconds: float, read_power_w: Callable[[], float], rate_hz: float = DEFAULT_RATE_HZ) -> Measurement:

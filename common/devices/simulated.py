@@ -54,9 +54,7 @@ class SimulatedDevice:
 
     def set_frequency(self, frequency_hz: int) -> None:
         if frequency_hz not in self.spec.frequencies_hz:
-            raise DeviceError(
-                f"frequency_hz={frequency_hz} is not supported by {self.spec.name}: allowed {self.spec.frequencies_hz}"
-            )
+            raise DeviceError(f"frequency_hz={frequency_hz} is not supported by {self.spec.name}: allowed {self.spec.frequencies_hz}")
         self._frequency_hz = frequency_hz
 
     def current_frequency(self) -> int:

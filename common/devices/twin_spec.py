@@ -18,6 +18,7 @@ from .base import DeviceError
 
 class NoiseSpec(BaseModel):
     """How noisy a twin's measurements are (relative standard deviations, sensor resolution)."""
+
     model_config = ConfigDict(extra="forbid")
 
     time_rel_std: float = Field(0.02, ge=0, description="relative std of a step's time")

@@ -25,6 +25,7 @@ class DeviceProfile(Strict):
 
 class MeanStd(Strict):
     """A mean and standard deviation over seeds."""
+
     mean: float
     std: float
 
@@ -97,6 +98,7 @@ class Robustness(Strict):
 class EvaluationReport(Strict):
     """An evaluation's result: a row per (device type, cap, target), the sensitivity matrices,
     their summary against Baseline 1, and notes."""
+
     rows: list[EvaluationRow]
     sensitivity: list[SensitivityMatrix]
     robustness: Robustness | None = None

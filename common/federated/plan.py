@@ -72,9 +72,15 @@ def assign(devices: Sequence[DeviceInRound], work: LocalWork, vector: RelationVe
     steps = balanced_steps([s for *_, s in chosen], work) if work.method == "edgetrain" else [work.local_steps] * len(chosen)
     return [
         Assignment(
-            device_id=d.device_id, device_type=d.device_type, power_cap_w=d.power_cap_w, batch_size=c.batch_size,
-            frequency_hz=c.frequency_hz, local_steps=k, expected_time_s=k * step_s,
-            expected_energy_j=None if (e := per_step(d.table, d.table.energy_j, c)) is None else k * e, strategy=c.strategy,
+            device_id=d.device_id,
+            device_type=d.device_type,
+            power_cap_w=d.power_cap_w,
+            batch_size=c.batch_size,
+            frequency_hz=c.frequency_hz,
+            local_steps=k,
+            expected_time_s=k * step_s,
+            expected_energy_j=None if (e := per_step(d.table, d.table.energy_j, c)) is None else k * e,
+            strategy=c.strategy,
         )  # fmt: skip
         for (d, c, step_s), k in zip(chosen, steps)
     ]

@@ -129,8 +129,17 @@ def _open(view: RoundView, tables: dict[str, ProfileTable]) -> Step:
         return Step(Finished(phase=Phase.failed, reason=f"round {r}: {exc}"))
     opened = RoundOpened(round=r, assignments=plan, deadline_at=view.now + timedelta(seconds=spec.participation.deadline_s))
     sends = tuple(
-        SendTrain(TrainRequest(job_id=job_id, round=r, device_id=a.device_id, batch_size=a.batch_size, frequency_hz=a.frequency_hz,
-                               local_steps=a.local_steps), view.live[a.device_id].control.describe(a.frequency_hz))  # fmt: skip
+        SendTrain(
+            TrainRequest(
+                job_id=job_id,
+                round=r,
+                device_id=a.device_id,
+                batch_size=a.batch_size,
+                frequency_hz=a.frequency_hz,
+                local_steps=a.local_steps,
+            ),
+            view.live[a.device_id].control.describe(a.frequency_hz),
+        )  # fmt: skip
         for a in plan
     )
     return Step(opened, sends)

@@ -224,7 +224,10 @@ def learned_vector(records: list[FinetuneRecord], prior: RelationVector, similar
         reference_batch_size=reference_b,
         request=prior.request,
         provenance=VectorProvenance(
-            source="learned", summary=summary, prior_key=prior.key, records=[r.record_id for r in records],
+            source="learned",
+            summary=summary,
+            prior_key=prior.key,
+            records=[r.record_id for r in records],
             measured_batch_sizes=[] if similar else tried,
         ),
     )

@@ -205,7 +205,7 @@ class JobSummary(Strict):
     created_at: datetime
     not_reached: int = Field(0, description="devices whose fine-tune ended without reaching the target accuracy")
     failed: int = Field(0, description="parts that failed")
-    failure: str | None = Field(None, description="one failed part and why: \"device: reason\"")
+    failure: str | None = Field(None, description='one failed part and why: "device: reason"')
 
 
 class JobStatus(Strict):
@@ -239,6 +239,7 @@ class JobStatus(Strict):
 
     def __str__(self) -> str:
         """One line per job: its state and each device's."""
+
         def part(device_id: str, p: DevicePart) -> str:
             done = self.progress.get(device_id)
             more = f" (samples {done.samples}, accuracy {done.accuracy:.3f})" if done and p.state == PartState.finetuning else ""

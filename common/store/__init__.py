@@ -1,22 +1,22 @@
 """edgetrain's state in Redis, one class per concern; `common/keys.py` names every key.
 
-    store = Store.connect("redis://localhost:6379/0")
-    store.fleet        devices and their heartbeats            (FleetRegistry)
-    store.resources    lookup tables and relation vectors,     (ResourceStore)
-                       records that no longer load set aside
-    store.coordination claims, once-only actions, waiters,     (Coordination)
-                       failures, delivery attempts
-    store.jobs         job records, parts, progress, events,   (JobStore)
-                       checkpoints and attempts
-    store.liveness     worker heartbeats, task leases          (Liveness)
-    store.identity     which store this is (id, creation time) (IdentityRegistry)
-    store.progress     running proxy runs and profiles         (ProgressStore)
-    store.ledger       sent tasks that must run, until they    (TaskLedger)
-                       have
-    store.monitoring   counters, bulk reads for metrics        (Monitoring)
-    store.learned      what completed fine-tunes measured,     (LearnedStore)
-                       by data, for later jobs' priors
-    store.federated    federated jobs: state, rounds' updates  (FederatedStore)
+store = Store.connect("redis://localhost:6379/0")
+store.fleet        devices and their heartbeats            (FleetRegistry)
+store.resources    lookup tables and relation vectors,     (ResourceStore)
+                   records that no longer load set aside
+store.coordination claims, once-only actions, waiters,     (Coordination)
+                   failures, delivery attempts
+store.jobs         job records, parts, progress, events,   (JobStore)
+                   checkpoints and attempts
+store.liveness     worker heartbeats, task leases          (Liveness)
+store.identity     which store this is (id, creation time) (IdentityRegistry)
+store.progress     running proxy runs and profiles         (ProgressStore)
+store.ledger       sent tasks that must run, until they    (TaskLedger)
+                   have
+store.monitoring   counters, bulk reads for metrics        (Monitoring)
+store.learned      what completed fine-tunes measured,     (LearnedStore)
+                   by data, for later jobs' priors
+store.federated    federated jobs: state, rounds' updates  (FederatedStore)
 """
 
 from __future__ import annotations

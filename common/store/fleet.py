@@ -38,8 +38,7 @@ class DeviceIdTaken(RuntimeError):
     def __init__(self, device_id: str, owner: str):
         self.device_id, self.owner = device_id, owner
         super().__init__(
-            f"device id {device_id!r} is served by another live worker ({owner}); "
-            "stop that worker or choose another --device-id"
+            f"device id {device_id!r} is served by another live worker ({owner}); stop that worker or choose another --device-id"
         )
 
 

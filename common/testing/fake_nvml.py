@@ -61,8 +61,9 @@ class FakeNvml:
     LIMIT_RANGE_MW = (200_000, 700_000)
     ENERGY_RATE_MW = 200_000  # the energy counter's rate, apart from the power readings
 
-    def __init__(self, name: str | bytes = "NVIDIA H100 80GB HBM3", fail: dict[str, int] | None = None,
-                 log: str | None = None, gpus: int = 1):
+    def __init__(
+        self, name: str | bytes = "NVIDIA H100 80GB HBM3", fail: dict[str, int] | None = None, log: str | None = None, gpus: int = 1
+    ):
         self.name, self.fail, self.log, self.gpus = name, dict(fail or {}), log, gpus
         self.locked: tuple[int, int] | None = None
         self.limit_mw = self.LIMIT_RANGE_MW[1]
@@ -72,8 +73,10 @@ class FakeNvml:
     def __getattribute__(self, attr: str) -> Any:
         fail = object.__getattribute__(self, "fail")
         if attr in fail:
+
             def failing(*args: Any) -> Any:
                 raise NVMLError(fail[attr])
+
             return failing
         return object.__getattribute__(self, attr)
 

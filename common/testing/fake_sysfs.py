@@ -103,8 +103,9 @@ def _link(link: Path, target: Path) -> None:
     link.symlink_to(os.path.relpath(target, link.parent))
 
 
-def _devfreq(root: Path, device_rel: str, entry: str, node_name: str, frequencies: list[int],
-             min_hz: int, max_hz: int, cur_hz: int) -> Path:
+def _devfreq(
+    root: Path, device_rel: str, entry: str, node_name: str, frequencies: list[int], min_hz: int, max_hz: int, cur_hz: int
+) -> Path:
     """A devfreq entry of the device at `device_rel`, its of_node and its class link."""
     device = root / device_rel
     devfreq = device / "devfreq" / entry
@@ -152,15 +153,23 @@ def _hwmon_channel(folder: Path, channel: int, label: str, watts: float) -> None
 
 def _distractors(root: Path) -> None:
     """A non-GPU devfreq entry and a temperature sensor on the i2c bus."""
-    _devfreq(root, "sys/devices/15340000.vic", "15340000.vic", "vic", [115200000, 729600000],
-             115200000, 729600000, 115200000)
+    _devfreq(root, "sys/devices/15340000.vic", "15340000.vic", "vic", [115200000, 729600000], 115200000, 729600000, 115200000)
     _put(root / "sys/devices/platform/i2c@1/i2c-1/1-004c/name", "tmp451\n")
     _link(root / "sys/bus/i2c/devices/1-004c", root / "sys/devices/platform/i2c@1/i2c-1/1-004c")
 
 
-def build_board(root: Path, device_rel: str, entry: str, node_name: str, frequencies: list[int],
-                chips: list[Chip], model: str | None, meminfo_kb: int | None = None,
-                min_hz: int | None = None, max_hz: int | None = None) -> FakeBoard:
+def build_board(
+    root: Path,
+    device_rel: str,
+    entry: str,
+    node_name: str,
+    frequencies: list[int],
+    chips: list[Chip],
+    model: str | None,
+    meminfo_kb: int | None = None,
+    min_hz: int | None = None,
+    max_hz: int | None = None,
+) -> FakeBoard:
     """A Jetson tree under `root`: GPU devfreq (range min_hz..max_hz, default the full list,
     cur_freq = max), INA3221 chips, optional device-tree model and meminfo."""
     low, high = min_hz or frequencies[0], max_hz or frequencies[-1]
@@ -176,40 +185,61 @@ def build_board(root: Path, device_rel: str, entry: str, node_name: str, frequen
     return FakeBoard(root=root, devfreq=devfreq, frequencies_hz=frequencies, rails_w=rails)
 
 
-def build_nano(root: Path, model: str | None = "NVIDIA Jetson Nano Developer Kit",
-               min_hz: int | None = None, max_hz: int | None = None) -> FakeBoard:
+def build_nano(
+    root: Path, model: str | None = "NVIDIA Jetson Nano Developer Kit", min_hz: int | None = None, max_hz: int | None = None
+) -> FakeBoard:
     """Jetson Nano, JetPack 4: T210 GPU, IIO INA3221 at 6-0040 with POM_5V_IN as the total."""
     chip = Chip("6-0040", "iio", (("POM_5V_IN", 4.8), ("POM_5V_GPU", 1.6), ("POM_5V_CPU", 1.2)))
-    return build_board(root, "sys/devices/57000000.gpu", "57000000.gpu", "gpu", NANO_FREQS, [chip], model,
-                       meminfo_kb=4051060, min_hz=min_hz, max_hz=max_hz)
+    return build_board(
+        root, "sys/devices/57000000.gpu", "57000000.gpu", "gpu", NANO_FREQS, [chip], model, meminfo_kb=4051060, min_hz=min_hz, max_hz=max_hz
+    )
 
 
-def build_tx2_nx(root: Path, model: str | None = "NVIDIA Jetson TX2 NX Developer Kit",
-                 min_hz: int | None = None, max_hz: int | None = None) -> FakeBoard:
+def build_tx2_nx(
+    root: Path, model: str | None = "NVIDIA Jetson TX2 NX Developer Kit", min_hz: int | None = None, max_hz: int | None = None
+) -> FakeBoard:
     """Jetson TX2 NX, JetPack 4: gp10b GPU, IIO INA3221 at 2-0040 with VDD_IN as the total."""
     chip = Chip("2-0040", "iio", (("VDD_IN", 6.4), ("VDD_CPU_GPU", 2.8), ("VDD_SOC", 1.0)))
-    return build_board(root, "sys/devices/17000000.gp10b", "17000000.gp10b", "gp10b", TX2_FREQS, [chip], model,
-                       meminfo_kb=3952940, min_hz=min_hz, max_hz=max_hz)
+    return build_board(
+        root,
+        "sys/devices/17000000.gp10b",
+        "17000000.gp10b",
+        "gp10b",
+        TX2_FREQS,
+        [chip],
+        model,
+        meminfo_kb=3952940,
+        min_hz=min_hz,
+        max_hz=max_hz,
+    )
 
 
-def build_orin_nano(root: Path, model: str | None = "NVIDIA Jetson Orin Nano Developer Kit",
-                    min_hz: int | None = None, max_hz: int | None = None) -> FakeBoard:
+def build_orin_nano(
+    root: Path, model: str | None = "NVIDIA Jetson Orin Nano Developer Kit", min_hz: int | None = None, max_hz: int | None = None
+) -> FakeBoard:
     """Jetson Orin Nano, JetPack 6: GPU devfreq under platform/bus@0, hwmon INA3221 at 1-0040
     (VDD_IN total, VDD_CPU_GPU_CV, VDD_SOC, the channel 7 sum) and a second chip at 1-0041
     whose only channel is not connected (NC)."""
     board = build_board(
-        root, "sys/devices/platform/bus@0/17000000.gpu", "17000000.gpu", "gpu", ORIN_NANO_FREQS,
-        [Chip("1-0040", "hwmon", (("VDD_IN", 7.5), ("VDD_CPU_GPU_CV", 3.0), ("VDD_SOC", 1.5))),
-         Chip("1-0041", "hwmon", (("NC", 0.9),))],
-        model, meminfo_kb=7802784, min_hz=min_hz, max_hz=max_hz)
+        root,
+        "sys/devices/platform/bus@0/17000000.gpu",
+        "17000000.gpu",
+        "gpu",
+        ORIN_NANO_FREQS,
+        [Chip("1-0040", "hwmon", (("VDD_IN", 7.5), ("VDD_CPU_GPU_CV", 3.0), ("VDD_SOC", 1.5))), Chip("1-0041", "hwmon", (("NC", 0.9),))],
+        model,
+        meminfo_kb=7802784,
+        min_hz=min_hz,
+        max_hz=max_hz,
+    )
     # The sum channel carries a current file here so that only the channel-7 rule keeps it out.
     _hwmon_channel(board.root / "sys/devices/platform/i2c@1/i2c-1/1-0040/hwmon/hwmon3", 7, "sum of shunt voltages", 12.0)
     return board
 
 
-def build_agx_orin(root: Path, model: str | None = None,
-                   min_hz: int | None = None, max_hz: int | None = None) -> FakeBoard:
+def build_agx_orin(root: Path, model: str | None = None, min_hz: int | None = None, max_hz: int | None = None) -> FakeBoard:
     """AGX Orin, JetPack 5: ga10b GPU, hwmon INA3221 at 1-0040 without a total rail."""
     chip = Chip("1-0040", "hwmon", (("VDD_GPU_SOC", 9.0), ("VDD_CPU_CV", 4.0), ("VIN_SYS_5V0", 3.5)))
-    return build_board(root, "sys/devices/17000000.ga10b", "17000000.ga10b", "ga10b", AGX_ORIN_FREQS, [chip],
-                       model, min_hz=min_hz, max_hz=max_hz)
+    return build_board(
+        root, "sys/devices/17000000.ga10b", "17000000.ga10b", "ga10b", AGX_ORIN_FREQS, [chip], model, min_hz=min_hz, max_hz=max_hz
+    )

@@ -181,7 +181,6 @@ def test_a_device_cap_set_while_running_is_followed_and_a_staircase_table_pauses
     assert control.switches == []  # version 1 was there before it started
 
 
-
 def test_the_guard_steps_down_on_an_injected_drift_and_the_run_goes_on_under_the_cap() -> None:
     device = DriftingDevice(TABLE, after=20, factor=1.1)
     target = DeviceTarget(device_id="d", power_cap_w=5.0)

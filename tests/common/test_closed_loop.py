@@ -173,7 +173,9 @@ def test_a_second_job_on_the_same_data_starts_at_the_measured_best_and_never_swi
 def test_small_predicted_gains_dwell_and_the_switch_budget_prevent_switching() -> None:
     nearly = {8: 1.0, 32: 1.1 * 1.08, 128: 1.0}  # b=32 8 % faster than b=8 (1.1 s per 1000 samples against 1.0 s)
     loop, adaptive, *_ = run_loop([solo_record(32, "earlier", efficiency=nearly[32])], efficiency=nearly)
-    assert in_run(adaptive) == [] and loop.belief is not None and loop.belief.measured == {8, 32}  # seen; about 4 % faster over the rest of the run, under the 10 % hysteresis
+    assert (
+        in_run(adaptive) == [] and loop.belief is not None and loop.belief.measured == {8, 32}
+    )  # seen; about 4 % faster over the rest of the run, under the 10 % hysteresis
     loop, adaptive, *_ = run_loop([solo_record(32, "earlier", efficiency=nearly[32])], efficiency=nearly,
                                   settings=LoopSettings(hysteresis=0.03))  # fmt: skip
     assert [s.new_batch_size for s in in_run(adaptive)] == [32]
@@ -220,7 +222,10 @@ def test_the_loop_never_undoes_the_power_guard() -> None:
     assert [(s.cause, s.new_frequency_hz) for s in in_run(adaptive)] == [("guard", 100)]
     assert loop.decisions == [] and loop.belief is not None and outcome.reached
     record = loop.finish(totals, outcome)  # one batch size throughout: a solo run, whatever the guard did
-    assert [(s.batch_size, s.frequency_hz) for s in record.segments] == [(32, 200)] and record.solo_samples() == (32, outcome.samples_to_accuracy)
+    assert [(s.batch_size, s.frequency_hz) for s in record.segments] == [(32, 200)] and record.solo_samples() == (
+        32,
+        outcome.samples_to_accuracy,
+    )
 
 
 def test_the_record_keeps_every_segment_with_its_curve() -> None:

@@ -125,7 +125,7 @@ def test_vocabulary_round_trip():
 
 def test_other_characters_mapped_or_dropped():
     text = "Caf\u00e9\r\n\u201cYes\u201d \u2014 it\u2019s\tfine \u00a35 \u2603"
-    assert decode_text(encode_text(text)) == "Cafe\n\"Yes\" -- it's fine 5 "
+    assert decode_text(encode_text(text)) == 'Cafe\n"Yes" -- it\'s fine 5 '
 
 
 def test_text_windows_are_shifted_by_one():
@@ -176,7 +176,9 @@ def test_user_text_too_short(tmp_path: Path):
 
 
 def test_image_dataset_with_text_model_and_back():
-    with pytest.raises(ValueError, match="dataset 'digits' is for image models, model 'char_transformer' takes text input; text datasets: "):
+    with pytest.raises(
+        ValueError, match="dataset 'digits' is for image models, model 'char_transformer' takes text input; text datasets: "
+    ):
         load("digits", "char_transformer")
     with pytest.raises(ValueError, match="dataset 'shakespeare' is for text models, model 'smallcnn' takes image input; image datasets: "):
         load("shakespeare", "smallcnn")

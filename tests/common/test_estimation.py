@@ -17,12 +17,23 @@ def request(**changes) -> EstimationRequest:
 
 
 def outcome(b: int, seed: int, n: int | None) -> TrainingOutcome:
-    return TrainingOutcome(batch_size=b, seed=seed, samples_to_accuracy=n, reached=n is not None, final_accuracy=0.9, samples_processed=n or 999, evaluations=1, wall_s=0.1)
+    return TrainingOutcome(
+        batch_size=b,
+        seed=seed,
+        samples_to_accuracy=n,
+        reached=n is not None,
+        final_accuracy=0.9,
+        samples_processed=n or 999,
+        evaluations=1,
+        wall_s=0.1,
+    )
 
 
 def test_aggregate_mean_std_and_ratio_to_the_largest_batch() -> None:
     req = request(batch_sizes=[8, 16, 64])
-    vector = aggregate(req, [outcome(8, 0, 100), outcome(8, 1, 300), outcome(16, 0, 400), outcome(16, 1, None), outcome(64, 0, 800), outcome(64, 1, 800)])
+    vector = aggregate(
+        req, [outcome(8, 0, 100), outcome(8, 1, 300), outcome(16, 0, 400), outcome(16, 1, None), outcome(64, 0, 800), outcome(64, 1, 800)]
+    )
     assert vector.samples_mean == [200.0, None, 800.0]
     assert vector.samples_std[0] == pytest.approx(141.42, rel=1e-3) and vector.samples_std[2] == 0.0
     assert vector.ratios == [0.25, None, 1.0]

@@ -36,7 +36,11 @@ def test_each_distinct_reached_configuration_of_a_row_is_checked_once() -> None:
                edgetrain=method(64, 200, 16.0), oracle=method(64, 200, 16.0))  # fmt: skip
     found = [(c.row.power_cap_w, c.batch_size, c.frequency_hz // MHZ, c.methods) for c in checks([r, none])]
     # edgetrain's b=16 never reaches the target on the target data (censored): not fine-tuned
-    assert found == [(3.5, 64, 100, ("baseline1", "baseline2")), (3.5, 64, 200, ("oracle",)), (3.5, 64, 200, ("equation4", "edgetrain", "energy", "oracle"))]
+    assert found == [
+        (3.5, 64, 100, ("baseline1", "baseline2")),
+        (3.5, 64, 200, ("oracle",)),
+        (3.5, 64, 200, ("equation4", "edgetrain", "energy", "oracle")),
+    ]
 
 
 def run(**changes) -> RunReport:
@@ -50,7 +54,13 @@ def test_the_measured_time_is_the_runs_time_per_sample_at_its_own_n_b_against_eq
     [check] = checks([row(baseline1=method(64, 200, 16.0), baseline2=method(64, 200, 16.0), edgetrain=method(64, 200, 16.0),
                           oracle=method(64, 200, 16.0))])  # fmt: skip
     v = verification(check, "b-1", 0, TABLE, run(), server_samples=1900, job_id="j1")
-    assert (v.batch_size, v.frequency_hz, v.methods, v.job_id, v.seed) == (64, 200 * MHZ, ["baseline1", "baseline2", "equation4", "edgetrain", "energy", "oracle"], "j1", 0)
+    assert (v.batch_size, v.frequency_hz, v.methods, v.job_id, v.seed) == (
+        64,
+        200 * MHZ,
+        ["baseline1", "baseline2", "equation4", "edgetrain", "energy", "oracle"],
+        "j1",
+        0,
+    )
     assert v.computed_time_s == MeanStd(mean=16.0, std=0.1)  # the row's figure, N_b over seeds
     # eq. (2) with the run's own N_b: 8 s / 1000 samples * 1900; energy 36 J / 1000 * 1900
     assert v.computed_time_for_run_s == pytest.approx(15.2) and v.computed_energy_for_run_j == pytest.approx(68.4)

@@ -109,4 +109,8 @@ def test_nothing_is_explored_without_a_measured_partner_unless_its_whole_worst_c
     choice = policy.choose(found, 0.0010, view, 256)
     assert choice.role == "exploit" and choice.selection.batch_size == 128
     generous = ExplorationPolicy(budget=0.2).choose(found, 0.0010, view, 256)
-    assert generous.role == "explore" and generous.measure_by_samples is None and "no run measured another batch size" in generous.selection.note
+    assert (
+        generous.role == "explore"
+        and generous.measure_by_samples is None
+        and "no run measured another batch size" in generous.selection.note
+    )

@@ -50,7 +50,12 @@ EVENTS = {
     "close": RoundClosed(round=1),
     "aggregate": RoundAggregated(record=RECORD, weights=WEIGHTS),
 }
-APPLIES = {"open": {Phase.starting, Phase.aggregated}, "update": {Phase.training}, "close": {Phase.training}, "aggregate": {Phase.aggregating}}
+APPLIES = {
+    "open": {Phase.starting, Phase.aggregated},
+    "update": {Phase.training},
+    "close": {Phase.training},
+    "aggregate": {Phase.aggregating},
+}
 
 
 @pytest.mark.parametrize("name", sorted(EVENTS))
@@ -106,7 +111,10 @@ def test_closing_fixes_the_accepted_updates_and_aggregating_resets_the_round() -
 
 
 def test_finishing_and_cancelling_end_the_job_and_nothing_applies_after() -> None:
-    for event, phase in ((Finished(phase=Phase.completed, reason="reached"), Phase.completed), (Cancelled(reason="by hand"), Phase.cancelled)):
+    for event, phase in (
+        (Finished(phase=Phase.completed, reason="reached"), Phase.completed),
+        (Cancelled(reason="by hand"), Phase.cancelled),
+    ):
         change = transition(OPEN, event, NOW)
         assert (change.state.phase, change.state.reason, change.state.assignments) == (phase, change.message, [])
         for later in (*EVENTS.values(), Waiting(notice="x"), Cancelled(reason="again")):

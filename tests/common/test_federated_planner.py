@@ -48,7 +48,10 @@ def test_a_cap_set_on_a_device_after_the_job_was_submitted_holds_over_the_spec_s
     after = FederatedState(phase=Phase.aggregated, round=1, global_weights="init:0", accuracy=0.2)
     scheduled = {a.device_id: a.power_cap_w for a in plan_round(view(after)).event.assignments}
     assert scheduled == {"a": 4.0, "b": 3.0}  # b's schedule: 3 W from round 2
-    caps = {"a": DeviceCap(power_cap_w=2.5, version=1, set_at=NOW), "b": DeviceCap(power_cap_w=9.0, version=1, set_at=NOW - timedelta(hours=1))}
+    caps = {
+        "a": DeviceCap(power_cap_w=2.5, version=1, set_at=NOW),
+        "b": DeviceCap(power_cap_w=9.0, version=1, set_at=NOW - timedelta(hours=1)),
+    }
     set_on_devices = {a.device_id: a.power_cap_w for a in plan_round(view(after, caps=caps)).event.assignments}
     assert set_on_devices == {"a": 2.5, "b": 3.0}  # b's cap was set before the job: the spec holds
 
@@ -96,7 +99,12 @@ def test_without_devices_or_tables_the_job_waits_and_one_device_per_type_profile
     assert step.event == Waiting(notice="waiting for the lookup tables of twin")
     (profile,) = step.effects
     assert isinstance(profile, ClaimAndProfile) and profile.stored_at == NOW
-    assert (profile.request.device_id, profile.request.batch_sizes, profile.request.merge, profile.request.owner) == ("a", [16, 32], True, "j1")
+    assert (profile.request.device_id, profile.request.batch_sizes, profile.request.merge, profile.request.owner) == (
+        "a",
+        [16, 32],
+        True,
+        "j1",
+    )
 
 
 def test_a_table_that_failed_for_the_job_fails_it_instead_of_profiling_again() -> None:

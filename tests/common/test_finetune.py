@@ -191,7 +191,9 @@ def test_a_finished_run_frees_its_model_and_data_without_waiting_for_the_cycle_c
     choice = Selection(batch_size=32, frequency_hz=TOP, estimated_time_s=1.0, peak_power_w=3.0)  # b=128 is faster: a switch at once
 
     def finished(writer: Writer) -> FineTune:
-        recipe = FineTune(finetune_request("j1", spec, spec.devices[0], choice, "none", "none"), SimulatedDevice(TWIN, seed=0), writer, options)
+        recipe = FineTune(
+            finetune_request("j1", spec, spec.devices[0], choice, "none", "none"), SimulatedDevice(TWIN, seed=0), writer, options
+        )
         recipe.setup(None)
         with contextlib.suppress(Superseded):
             recipe.run()

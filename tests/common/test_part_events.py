@@ -60,8 +60,22 @@ def started(attempt: str = "a1", token: str = "t1") -> AttemptStarted:
 
 
 def report(**changes) -> RunReport:
-    base = dict(device_id="d1", device_type="twin", simulated=True, batch_size=16, frequency_hz=900, reached=True, final_accuracy=0.91,
-                samples_to_accuracy=500, samples_processed=512, steps=32, device_time_s=1.0, energy_j=3.0, peak_power_w=4.0, wall_s=2.0)
+    base = dict(
+        device_id="d1",
+        device_type="twin",
+        simulated=True,
+        batch_size=16,
+        frequency_hz=900,
+        reached=True,
+        final_accuracy=0.91,
+        samples_to_accuracy=500,
+        samples_processed=512,
+        steps=32,
+        device_time_s=1.0,
+        energy_j=3.0,
+        peak_power_w=4.0,
+        wall_s=2.0,
+    )
     return RunReport(**(base | changes))
 
 
@@ -191,6 +205,8 @@ def test_waiting_notices_and_redispatch() -> None:
     assert not transition(missing.part, Waiting(notice=None), NOW).part.device_missing
     with pytest.raises(Refused, match="moved on"):
         transition(dispatched(), Redispatched(token="other", outcome="sent again"), NOW)
-    assert transition(dispatched(), Redispatched(token="t1", outcome="sent again"), NOW + timedelta(seconds=30)).kind == EventKind.attempt_lost
+    assert (
+        transition(dispatched(), Redispatched(token="t1", outcome="sent again"), NOW + timedelta(seconds=30)).kind == EventKind.attempt_lost
+    )
     with pytest.raises(Refused, match="applies only when"):
         transition(part(), Redispatched(token="t1", outcome="sent again"), NOW)

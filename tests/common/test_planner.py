@@ -77,7 +77,9 @@ def test_a_device_not_registered_yet_waits_the_job_s_grace_from_the_submission_t
     assert within.event.notice == (f"device 'd1' is not registered in the fleet (yet); the part fails at {deadline:%H:%M:%S} UTC "
                                    "unless its worker starts (`edgetrain worker device --device-id ...`)")  # fmt: skip
     after = plan(view(spec(device_grace_s=60), device=None, registered=("a", "b"), submitted_at=submitted, now=deadline))
-    assert failed(after) == "unknown device 'd1': not registered in the fleet within the job's grace period of 60 s (registered: ['a', 'b'])"
+    assert (
+        failed(after) == "unknown device 'd1': not registered in the fleet within the job's grace period of 60 s (registered: ['a', 'b'])"
+    )
 
 
 def test_a_re_queued_part_waits_for_an_unregistered_device_from_its_re_queue() -> None:
@@ -165,7 +167,9 @@ def test_a_cap_below_every_configuration_fails_naming_the_lowest_that_works() ->
 
 def test_nothing_to_select_fails() -> None:
     assert "the proxy never reached the target accuracy at any batch size" in failed(plan(view(vector=vector(ratios=[None] * len(B)))))
-    assert "no batch size is both in the lookup table" in failed(plan(view(vector=vector(batch_sizes=[256], ratios=[1.0], samples_mean=[100.0]))))
+    assert "no batch size is both in the lookup table" in failed(
+        plan(view(vector=vector(batch_sizes=[256], ratios=[1.0], samples_mean=[100.0])))
+    )
 
 
 def test_baseline1_without_a_configuration_does_not_stop_the_fine_tune() -> None:
@@ -181,7 +185,9 @@ def test_a_missing_device_waits_for_its_grace_period_then_fails_naming_when_it_w
     seen, ttl = utc_now(), 30.0
     for state in (PartState.pending, PartState.profiling, PartState.finetuning):
         waiting = plan(view(state=state, device=None, last_seen=seen, heartbeat_ttl_s=ttl, now=seen + timedelta(seconds=149)))
-        assert isinstance(waiting.event, Waiting) and waiting.event.device_missing and "has not been heard from since" in waiting.event.notice
+        assert (
+            isinstance(waiting.event, Waiting) and waiting.event.device_missing and "has not been heard from since" in waiting.event.notice
+        )
         gone = plan(view(state=state, device=None, last_seen=seen, heartbeat_ttl_s=ttl, now=seen + timedelta(seconds=150)))
         assert failed(gone) == (
             f"device 'd1' disappeared at {seen:%Y-%m-%d %H:%M:%S} UTC (its last heartbeat; "

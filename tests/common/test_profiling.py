@@ -96,7 +96,15 @@ def test_tables_record_what_produced_them_and_stale_ones_are_refused() -> None:
     table = profile_twin("grid", None, seed=1, batch_sizes=(4,))
     assert table.produced_by == software_versions() | SimulatedDevice(load_twin("jetson-nano")).software
     assert table.produced_by["torch"] and table.produced_by["twin_spec"]
-    info = DeviceInfo(device_id="n", device_type="jetson-nano", backend="sim", frequencies_hz=[1], memory_bytes=1, simulated=True, software=software_versions())
+    info = DeviceInfo(
+        device_id="n",
+        device_type="jetson-nano",
+        backend="sim",
+        frequencies_hz=[1],
+        memory_bytes=1,
+        simulated=True,
+        software=software_versions(),
+    )
     assert reuse_problem(table, info, None) is None
     newer = info.model_copy(update={"software": software_versions() | {"torch": "99.0"}})
     assert "torch" in reuse_problem(table, newer, None)

@@ -44,7 +44,9 @@ def test_the_proxy_trains_to_its_own_target_when_the_job_names_one() -> None:
     assert job.estimation_request().target_accuracy == 0.8  # by default the target's
     own = validate_job(spec(target_accuracy=0.8, proxy_target_accuracy=0.9))
     assert own.estimation_request().target_accuracy == 0.9 and own.target_accuracy == 0.8
-    assert own.estimation_request().model_dump(exclude={"target_accuracy"}) == job.estimation_request().model_dump(exclude={"target_accuracy"})
+    assert own.estimation_request().model_dump(exclude={"target_accuracy"}) == job.estimation_request().model_dump(
+        exclude={"target_accuracy"}
+    )
 
 
 def test_square_root_learning_rate_rule() -> None:

@@ -63,7 +63,9 @@ def test_vectors_and_pretrained_weights_that_no_longer_load_are_set_aside(store,
     met: list[SetAside] = []
     assert store.resources.vector("k1", met.append) is None
     assert "ratios must have one value per batch size (2), not 1" in met[0].reason
-    request = PretrainRequest(model="smallcnn", dataset=DatasetRef(name="digits"), samples=10, batch_size=4, lr=LearningRatePolicy(), seed=0)
+    request = PretrainRequest(
+        model="smallcnn", dataset=DatasetRef(name="digits"), samples=10, batch_size=4, lr=LearningRatePolicy(), seed=0
+    )
     store.resources.put_pretrained(request, PretrainResult(weights="artifact:w", test_accuracy=0.5))
     key = next(k for k in raw.scan_iter("edgetrain:pretrained:*"))
     raw.set(key, b'{"weights": "artifact:w"}')  # an older format
@@ -74,7 +76,9 @@ def test_vectors_and_pretrained_weights_that_no_longer_load_are_set_aside(store,
 
 def test_storing_validates_what_is_stored(store) -> None:
     with pytest.raises(ValidationError, match="time_s must have 3 rows"):
-        store.resources.put_table(ProfileTable.model_validate_json(TABLE.model_dump_json()).model_copy(update={"batch_sizes": [16, 32, 64]}))
+        store.resources.put_table(
+            ProfileTable.model_validate_json(TABLE.model_dump_json()).model_copy(update={"batch_sizes": [16, 32, 64]})
+        )
     with pytest.raises(ValidationError, match="censored must have one value per batch size"):
         store.resources.put_vector(RelationVector(batch_sizes=[4, 8], ratios=[0.5, 1.0], key="k").model_copy(update={"censored": [False]}))
     assert store.resources.table(TID) is None and store.resources.vector("k") is None

@@ -78,7 +78,9 @@ def test_table_and_vector_round_trip(store) -> None:
 
 
 def test_vector_parts_count_claims_and_once(store) -> None:
-    outcome = TrainingOutcome(batch_size=4, seed=0, samples_to_accuracy=10, reached=True, final_accuracy=0.9, samples_processed=10, evaluations=1, wall_s=0.1)
+    outcome = TrainingOutcome(
+        batch_size=4, seed=0, samples_to_accuracy=10, reached=True, final_accuracy=0.9, samples_processed=10, evaluations=1, wall_s=0.1
+    )
     assert store.resources.put_vector_part("k", outcome) == 1
     assert store.resources.put_vector_part("k", outcome) == 1  # a redelivered part counts once
     assert store.resources.put_vector_part("k", outcome.model_copy(update={"seed": 1})) == 2

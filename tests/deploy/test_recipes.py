@@ -44,7 +44,9 @@ def test_kubernetes_redis_is_internal_and_clients_read_passwords_from_secrets() 
     redis_docs = {d["kind"]: d for d in documents(DEPLOY / "kubernetes" / "redis.yaml")}
     assert redis_docs["Service"]["spec"]["type"] == "ClusterIP"
     assert redis_docs["NetworkPolicy"]["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"] == {"edgetrain/redis-client": "true"}
-    deployments = [d for f in ("control.yaml", "server-workers.yaml") for d in documents(DEPLOY / "kubernetes" / f) if d["kind"] == "Deployment"]
+    deployments = [
+        d for f in ("control.yaml", "server-workers.yaml") for d in documents(DEPLOY / "kubernetes" / f) if d["kind"] == "Deployment"
+    ]
     assert len(deployments) == 3
     for deployment in deployments:
         pod = deployment["spec"]["template"]

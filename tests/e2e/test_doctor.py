@@ -127,7 +127,9 @@ def test_tls_that_does_not_check_the_server_certificate(tmp_path) -> None:
     ca = issue(tmp_path / "tls", "ca")
     passwords = {role: f"{role}-secret" for role in ROLES}
     (tmp_path / "users.acl").write_text(acl_file(passwords))
-    server = TlsRedis(tmp_path / "redis", issue(tmp_path / "tls", "redis", ca, hosts=("127.0.0.1",)), ca.certificate, tmp_path / "users.acl").start()
+    server = TlsRedis(
+        tmp_path / "redis", issue(tmp_path / "tls", "redis", ca, hosts=("127.0.0.1",)), ca.certificate, tmp_path / "users.acl"
+    ).start()
     try:
         checked = server.url("worker", passwords["worker"])
         _, findings = doctor(checked)
@@ -177,6 +179,7 @@ def doctor_with_worker(url: str, argv: list[str], env: dict[str, str], log: Path
         worker = subprocess.Popen([*drop, sys.executable, "-m", "edgetrain.workers.cli", "worker", *argv],
                                   env={**os.environ, "EDGETRAIN_REDIS_URL": url, **env}, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     try:
+
         def registered() -> bool | None:
             assert worker.poll() is None, log.read_text()[-3000:]
             return bool(store.liveness.workers(30)) or None

@@ -135,7 +135,8 @@ def test_verify_fine_tunes_each_configuration_of_a_row_on_the_twin(first) -> Non
     assert own["reached"] and own["simulated"] and own["power_cap_w"] == 4.0 and own["evidence"] in ("proxy", "learned", "closed_loop")
     assert own["configurations"] and len(own["switches"]) >= len(own["configurations"]) - 1
     assert own["time_to_accuracy_s"] > 0 and own["over_oracle_pct"] == pytest.approx(
-        (own["time_to_accuracy_s"] / row["oracle"]["time_to_accuracy_s"]["mean"] - 1) * 100)
+        (own["time_to_accuracy_s"] / row["oracle"]["time_to_accuracy_s"]["mean"] - 1) * 100
+    )
     assert "run edgetrain sim-jetson-nano, cap 4 W, mnist5k (0.2)" in done.stderr
     server = EmbeddedRedis(tmp / "work" / "redis", persistent=True)
     try:  # edgetrain's job had finished before any fixed configuration was sent: it learned nothing from them

@@ -56,6 +56,7 @@ def test_a_fine_tune_whose_device_worker_is_killed_resumes_from_its_checkpoint(t
         client = EdgeTrainClient(cluster.redis_url)
         job_id = client.submit(long_fine_tune("nano-k"))
         store = cluster.store()
+
         def checkpoint_past_2048():
             checkpoint = store.jobs.checkpoint(job_id, "nano-k")
             return checkpoint if checkpoint is not None and checkpoint.samples >= 2048 else None
@@ -175,7 +176,9 @@ def test_a_model_that_kills_its_process_fails_the_part_and_the_worker_lives_on(t
         sys.path.insert(0, str(models))
         try:
             client = EdgeTrainClient(cluster.redis_url)
-            status = client.wait(client.submit(quick_job([{"device_id": "nano-x", "power_cap_w": 3.0}], model="suicidal:factory")), timeout_s=180)
+            status = client.wait(
+                client.submit(quick_job([{"device_id": "nano-x", "power_cap_w": 3.0}], model="suicidal:factory")), timeout_s=180
+            )
         finally:
             sys.path.remove(str(models))
         part = status.parts["nano-x"]

@@ -66,7 +66,9 @@ def test_a_federated_job_trains_one_model_in_rounds_to_its_target(cluster, tmp_p
     assert main(["cancel", job_id, "--redis-url", cluster.url]) == ExitCode.finished
     capsys.readouterr()
     assert main(["jobs", "--redis-url", cluster.url]) == ExitCode.ok
-    assert re.search(rf"^{job_id}  completed .* 3 device\(s\) .* federated, round \d+, global accuracy 0\.[89]", capsys.readouterr().out, re.M)
+    assert re.search(
+        rf"^{job_id}  completed .* 3 device\(s\) .* federated, round \d+, global accuracy 0\.[89]", capsys.readouterr().out, re.M
+    )
     status = client.federated_status(job_id)
     state, rounds = status.state, status.rounds
     assert state.phase == "completed", (state.reason, [e.line() for e in status.events])

@@ -170,7 +170,10 @@ def test_a_task_for_another_device_changes_nothing_of_its_job(fleet: Fleet) -> N
 @pytest.mark.parametrize(
     "changes, words",
     [
-        ({"model": f"{EVIL}:build"}, f"model: '{EVIL}:build': module '{EVIL}' is not allowed here (EDGETRAIN_ALLOWED_MODEL_MODULES: {GOOD})"),
+        (
+            {"model": f"{EVIL}:build"},
+            f"model: '{EVIL}:build': module '{EVIL}' is not allowed here (EDGETRAIN_ALLOWED_MODEL_MODULES: {GOOD})",
+        ),
         ({"weights": "file:///etc/shadow"}, "weights: 'file:///etc/shadow' is not 'init:<integer seed>'"),
         ({"dataset": {"name": "npz", "path": "../../etc/passwd"}}, "dataset.path: '../../etc/passwd' contains '..'"),
         ({"dataset": {"name": "../../etc/passwd"}}, "dataset.name: unknown dataset '../../etc/passwd'"),

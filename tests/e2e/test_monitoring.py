@@ -50,7 +50,9 @@ def sample(prometheus: Prometheus, expr: str) -> tuple[dict, float] | None:
 def test_prometheus_reads_the_device_s_power_and_the_job_s_progress(fleet) -> None:
     cluster, client, prometheus, job_id = fleet
     started = time.time()
-    power = poll_until(lambda: sample(prometheus, 'edgetrain_device_power_watts{device="nano-1"}'), 300, 1.0, "the device's power in Prometheus")
+    power = poll_until(
+        lambda: sample(prometheus, 'edgetrain_device_power_watts{device="nano-1"}'), 300, 1.0, "the device's power in Prometheus"
+    )
     labels, watts = power
     assert labels["simulated"] == "true" and 0.3 < watts <= CAP_W * 1.1, power
     cap = sample(prometheus, 'edgetrain_device_power_cap_watts{device="nano-1"}')
@@ -93,4 +95,6 @@ def test_worker_logs_are_json_lines_naming_job_device_and_task(fleet) -> None:
     assert finetune and all(entry["device_id"] == "nano-1" and entry["task_id"] for entry in finetune)
     assert all(entry.get("job_id") == job_id for entry in finetune), finetune[:5]  # Celery's own lines about it too
     control = [json.loads(line) for line in (cluster.workdir / "logs" / "control.log").read_text().splitlines() if line.startswith("{")]
-    assert any("planned b=" in entry["message"] and entry.get("job_id") == job_id for entry in control), [e["message"] for e in control][-20:]
+    assert any("planned b=" in entry["message"] and entry.get("job_id") == job_id for entry in control), [e["message"] for e in control][
+        -20:
+    ]

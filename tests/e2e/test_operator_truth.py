@@ -49,7 +49,9 @@ TIMEOUT_S = 300
 def store_proxy_vector(cluster: LocalCluster, job: dict, ratios: list[float]) -> None:
     """The relation vector of `job`'s estimation request, as its proxy runs would store it."""
     request = JobSpec.model_validate(job).estimation_request()
-    vector = RelationVector(batch_sizes=B, ratios=ratios, samples_mean=[r * 20000 for r in ratios], key=vector_key(request), request=request)
+    vector = RelationVector(
+        batch_sizes=B, ratios=ratios, samples_mean=[r * 20000 for r in ratios], key=vector_key(request), request=request
+    )
     cluster.store().resources.put_vector(vector)
 
 
@@ -195,7 +197,9 @@ def test_the_report_heads_with_what_the_device_trained_at_and_puts_the_plan_besi
     finally:
         exporter.stop()
     labels = (("device", DEVICE), ("job_id", job_id), ("method", "edgetrain"), ("simulated", "true"))
-    assert metrics[("edgetrain_part_estimated_time_to_accuracy_seconds", labels)] == pytest.approx(part.started.estimated_time_to_accuracy_s)
+    assert metrics[("edgetrain_part_estimated_time_to_accuracy_seconds", labels)] == pytest.approx(
+        part.started.estimated_time_to_accuracy_s
+    )
     log = (cluster.workdir / "logs" / "control.log").read_text()
     assert f"job {job_id}, {DEVICE} under a 6 W cap: planned b=4 f=" in log  # the plan, named as such
     device_log = (cluster.workdir / "logs" / f"device-{DEVICE}.log").read_text()

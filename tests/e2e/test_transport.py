@@ -218,7 +218,9 @@ def test_flower_as_the_monitor_behind_a_login_with_no_secret_in_the_process_list
 
 def test_no_submitter_can_hand_a_federated_round_an_update_and_a_write_beside_the_store_is_never_aggregated(secure: Secure) -> None:
     operator, client = EdgeTrainClient(secure.url("worker")), EdgeTrainClient(secure.url("submitter"))
-    operator.profile(operator.store.fleet.device(DEVICE), "smallcnn", [16, 32], merge=True).wait(120, 0.2)  # the round opens without profiling
+    operator.profile(operator.store.fleet.device(DEVICE), "smallcnn", [16, 32], merge=True).wait(
+        120, 0.2
+    )  # the round opens without profiling
     device = secure.cluster.worker(f"device-{DEVICE}")
     device.signal(signal.SIGSTOP)  # the round stays open while the updates are forged
     try:

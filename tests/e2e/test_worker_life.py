@@ -128,7 +128,9 @@ def test_a_device_worker_over_its_memory_limit_replaces_its_pool_process_after_e
     try:
         poll_until(lambda: any(d.device_id == "nano-m" for d in fleet.client.fleet()) or None, 120, 0.5, "nano-m registered")
         for n in (1, 2):
-            status = fleet.client.wait(fleet.client.submit(quick_job([{"device_id": "nano-m", "power_cap_w": 3.0}], **SMALL)), timeout_s=300)
+            status = fleet.client.wait(
+                fleet.client.submit(quick_job([{"device_id": "nano-m", "power_cap_w": 3.0}], **SMALL)), timeout_s=300
+            )
             assert status.state.value == "completed", [e.line() for e in status.events]
             poll_until(lambda: len(finetuned_in()) == n or None, 30, 0.2, f"fine-tune {n} logged")  # noqa: B023
         assert len(set(finetuned_in())) == 2 and worker.alive(), worker.log.read_text()[-3000:]
@@ -149,7 +151,9 @@ def test_an_evicting_redis_is_refused_by_a_starting_worker_and_by_submit(fleet: 
     fix = "Set `maxmemory-policy noeviction` (redis-cli CONFIG SET maxmemory-policy noeviction, and in redis.conf to keep it)"
     assert worker.returncode == ExitCode.redis_unsafe, worker.stderr  # a worker that stops on an error says so in its exit status
     assert "refusing to start: Redis maxmemory-policy is allkeys-lru" in worker.stderr and fix in worker.stderr
-    assert submit.returncode == ExitCode.redis_unsafe and "refusing to submit: Redis maxmemory-policy is allkeys-lru" in submit.stderr, submit.stderr
+    assert submit.returncode == ExitCode.redis_unsafe and "refusing to submit: Redis maxmemory-policy is allkeys-lru" in submit.stderr, (
+        submit.stderr
+    )
     assert fix in submit.stderr and fleet.admin.zcard("edgetrain:jobs") == jobs_before  # nothing was written
 
 

@@ -90,7 +90,9 @@ def test_an_update_of_other_work_than_the_round_assigned_is_refused(job) -> None
     store = job
     open_round(store, 1, ["a"])
     other = update("a", 1)
-    other = other.model_copy(update={"trained": other.trained.model_copy(update={"assignment": assignment("a").model_copy(update={"local_steps": 400})})})
+    other = other.model_copy(
+        update={"trained": other.trained.model_copy(update={"assignment": assignment("a").model_copy(update={"local_steps": 400})})}
+    )
     assert hand_in(store, other) == Accepted.not_assigned
 
 

@@ -52,5 +52,7 @@ def test_the_tasks_of_a_federated_round_are_labelled_with_the_job_round_and_work
 
     train = TrainRequest(job_id=JOB, round=3, device_id="nano-7", batch_size=32, frequency_hz=921_600_000, local_steps=12)
     assert label(TaskName.federated_train, body(train)) == f"edgetrain.federated_train[{JOB}/nano-7 round 3 b=32 f=921600000 x12]"
-    assert label(TaskName.federated_aggregate, body(AggregateRequest(job_id=JOB, round=3))) == f"edgetrain.federated_aggregate[{JOB} round 3]"
+    assert (
+        label(TaskName.federated_aggregate, body(AggregateRequest(job_id=JOB, round=3))) == f"edgetrain.federated_aggregate[{JOB} round 3]"
+    )
     assert label(TaskName.federated_advance, JOB) == f"edgetrain.federated_advance[{JOB}]"

@@ -25,7 +25,9 @@ def test_a_vector_set_aside_is_aggregated_again_from_its_runs(s, redis_server) -
     request = JobSpec.model_validate(quick_job(batch_sizes=[16, 64])).estimation_request()
     key = vector_key(request)
     for b, n in ((16, 3000), (64, 6000)):
-        outcome = TrainingOutcome(batch_size=b, seed=0, samples_to_accuracy=n, reached=True, final_accuracy=0.9, samples_processed=n, evaluations=3, wall_s=1.0)
+        outcome = TrainingOutcome(
+            batch_size=b, seed=0, samples_to_accuracy=n, reached=True, final_accuracy=0.9, samples_processed=n, evaluations=3, wall_s=1.0
+        )
         s.resources.put_vector_part(key, outcome)
     broker = redis.Redis.from_url(redis_server.url)
     broker.set(s.keys.vector(key), b'{"batch_sizes": [16, 64], "ratios": [0.5]}')  # no longer loads

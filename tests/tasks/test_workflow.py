@@ -352,6 +352,7 @@ def finished(part) -> RunReport:
                      final_accuracy=0.9, samples_to_accuracy=100, samples_processed=128, steps=8, device_time_s=1.0, energy_j=1.0,
                      peak_power_w=3.0, wall_s=1.0)  # fmt: skip
 
+
 def test_a_table_and_vector_that_no_longer_load_are_set_aside_with_an_event_and_produced_again(s, broker) -> None:
     register(s, "d1")
     spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 4.0}])

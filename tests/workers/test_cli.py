@@ -73,7 +73,9 @@ def test_status_prints_every_state(store, redis_server, capsys, state: PartState
     assert main(["--redis-url", redis_server.url, "status", "j1", "--json"]) == ExitCode.ok
     document = json.loads(capsys.readouterr().out)
     assert document["devices"][0]["state"] == state.value
-    assert ("no live worker consumes the 'control' queue" in " ".join(document["notes"])) == (state not in (PartState.completed, PartState.failed, PartState.cancelled))
+    assert ("no live worker consumes the 'control' queue" in " ".join(document["notes"])) == (
+        state not in (PartState.completed, PartState.failed, PartState.cancelled)
+    )
 
 
 def test_a_job_waiting_on_a_queue_nobody_consumes_says_so(store, redis_server) -> None:
@@ -103,10 +105,17 @@ def test_unreachable_redis_is_one_line_naming_it_with_exit_status_4() -> None:
 
 
 def test_bad_arguments_are_refused_with_what_is_allowed() -> None:
-    bad_id = subprocess.run([*CLI, "worker", "device", "--device-id", "a b", "--backend", "sim:jetson-nano"], capture_output=True, text=True, timeout=120)
+    bad_id = subprocess.run(
+        [*CLI, "worker", "device", "--device-id", "a b", "--backend", "sim:jetson-nano"], capture_output=True, text=True, timeout=120
+    )
     assert bad_id.returncode == ExitCode.usage and "device id: 'a b' is not allowed: 1 to 64 letters" in bad_id.stderr
     for cap in ("-1", "nan", "inf"):
-        done = subprocess.run([*CLI, "profile", "run", "--device-id", "n1", "--model", "smallcnn", "--power-cap-w", cap], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [*CLI, "profile", "run", "--device-id", "n1", "--model", "smallcnn", "--power-cap-w", cap],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == ExitCode.usage and "a power cap is a finite number of watts above 0" in done.stderr
 
 
@@ -273,7 +282,10 @@ def test_a_table_or_vector_that_no_longer_loads_is_one_line_and_is_set_aside(sto
     raw = redis.Redis(unix_socket_path=str(redis_server.socket))
     raw.set(store.keys.table("jetson-nano:smallcnn:1x28x28"), b'{"batch_sizes": [16, 32, 64], "time_s": []}')
     raw.set(store.keys.vector("k1"), b"{not json")
-    for args, key in ((["profile", "show", "jetson-nano", "smallcnn"], "table:jetson-nano:smallcnn:1x28x28"), (["vector", "show", "k1"], "vector:k1")):
+    for args, key in (
+        (["profile", "show", "jetson-nano", "smallcnn"], "table:jetson-nano:smallcnn:1x28x28"),
+        (["vector", "show", "k1"], "vector:k1"),
+    ):
         done = subprocess.run([*CLI, *args, "--redis-url", redis_server.url], capture_output=True, text=True, timeout=120)
         assert done.returncode == ExitCode.not_found and done.stdout == "", done.stderr
         [line] = done.stderr.splitlines()
@@ -311,14 +323,20 @@ def test_status_says_how_far_the_estimation_is_per_batch_size_and_seed(store, re
     key = estimating(store, "j1")
     assert main(["status", "j1", "--redis-url", redis_server.url]) == ExitCode.ok
     out = capsys.readouterr().out
-    assert "nano-1: estimating  proxy runs 1/6 done, 1 running, 4 waiting, about 47 s left" in out  # 10 s a run: 7 s left of b=8, 40 s of the 4 waiting
+    assert (
+        "nano-1: estimating  proxy runs 1/6 done, 1 running, 4 waiting, about 47 s left" in out
+    )  # 10 s a run: 7 s left of b=8, 40 s of the 4 waiting
     assert f"relation vector {key}: proxy runs 1/6 done" in out
     for line in ("b=4 seed=0: done, N_b 3000 samples, 10 s", "b=8 seed=0: running, 1536 samples, accuracy 0.712 (target 0.85), 3 s",
                  "b=16 seed=0: waiting", "b=128 seed=0: waiting"):  # fmt: skip
         assert f"\n  {line}\n" in out, out
     assert main(["status", "j1", "--json", "--redis-url", redis_server.url]) == ExitCode.ok
     runs = json.loads(capsys.readouterr().out)["preparation"]["estimation"]["runs"]
-    assert [(r["batch_size"], r["state"], r["samples"]) for r in runs[:3]] == [(4, "done", 3072), (8, "running", 1536), (16, "waiting", None)]
+    assert [(r["batch_size"], r["state"], r["samples"]) for r in runs[:3]] == [
+        (4, "done", 3072),
+        (8, "running", 1536),
+        (16, "waiting", None),
+    ]
 
 
 def test_status_says_how_far_profiling_is(store, redis_server, capsys) -> None:
@@ -357,7 +375,9 @@ def test_fleet_lists_devices_and_live_workers(store, redis_server, capsys) -> No
     fleet = json.loads(capsys.readouterr().out)
     assert [d["device_id"] for d in fleet["devices"]] == ["nano-1"]
     assert [(w["role"], w["node"], w["queues"], w["hostname"]) for w in fleet["workers"]] == [
-        ("control", "control@host-a", ["control"], "host-a"), ("device", "device-nano-1@host-b", ["device.nano-1"], "host-b")]
+        ("control", "control@host-a", ["control"], "host-a"),
+        ("device", "device-nano-1@host-b", ["device.nano-1"], "host-b"),
+    ]
     assert all(abs(datetime.fromisoformat(w["heartbeat_at"]) - utc_now()) < timedelta(seconds=30) for w in fleet["workers"])
 
 
@@ -408,7 +428,10 @@ def test_submit_timeout_gives_up_with_exit_124_and_says_nothing_picks_the_job_up
     assert done.returncode == ExitCode.timed_out, done.stderr
     job_id = done.stdout.strip()
     assert f"nothing picks job {job_id} up until such a worker runs; --wait gives up after 2 s" in done.stderr
-    assert f"edgetrain: job {job_id} not finished after 2 s; it goes on: `edgetrain status {job_id}` follows it, `edgetrain cancel {job_id}` stops it" in done.stderr
+    assert (
+        f"edgetrain: job {job_id} not finished after 2 s; it goes on: `edgetrain status {job_id}` follows it, `edgetrain cancel {job_id}` stops it"
+        in done.stderr
+    )
     lines = done.stderr.splitlines()  # a pipe: every event on one line, however long
     assert all(line.startswith(("note: ", "edgetrain: ", "[")) for line in lines), lines
     assert any(len(line) > 100 for line in lines)

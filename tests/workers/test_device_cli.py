@@ -14,8 +14,14 @@ NO_NVIDIA_DRIVER = FAKE_NVML | {"EDGETRAIN_FAKE_NVML_FAIL": "nvmlInit:12"}  # NV
 
 
 def edgetrain(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgetrain.workers.cli", *args], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "edgetrain.workers.cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_device_inspect_on_a_fake_orin_nano(tmp: Path) -> None:
@@ -47,9 +53,14 @@ def test_device_inspect_with_nvml(tmp: Path) -> None:
     assert nvml["power_limit_range_w"] == [200.0, 700.0] and nvml["power_limit_default_w"] == 700.0
     assert nvml["power_w"] == 70.0 and nvml["energy_counter_j"] >= 0
     human = edgetrain(*inspect, env=FAKE_NVML).stdout
-    for line in ("backend      nvml", "gpu          0 of 1: NVIDIA H100 80GB HBM3", "driver       580.65.06",
-                 "supported    210 1005 1500 1755 1980 MHz (5)", "power limit  700 W (default 700 W, range 200..700 W)",
-                 "clock        SM 345 MHz now"):
+    for line in (
+        "backend      nvml",
+        "gpu          0 of 1: NVIDIA H100 80GB HBM3",
+        "driver       580.65.06",
+        "supported    210 1005 1500 1755 1980 MHz (5)",
+        "power limit  700 W (default 700 W, range 200..700 W)",
+        "clock        SM 345 MHz now",
+    ):
         assert line in human, human
     assert "--allow-power-limit" in human and "read-only by default" in human
 
@@ -86,6 +97,5 @@ def test_device_twins_lists_the_builtin_twins() -> None:
 
 
 def test_allow_power_limit_is_for_nvml_only() -> None:
-    done = edgetrain("worker", "device", "--device-id", "n-1", "--backend", "sim:jetson-nano", "--allow-power-limit",
-                     env={})
+    done = edgetrain("worker", "device", "--device-id", "n-1", "--backend", "sim:jetson-nano", "--allow-power-limit", env={})
     assert done.returncode == 2 and "--allow-power-limit applies to the nvml backend only" in done.stderr

@@ -24,7 +24,19 @@ def test_jetson_worker_registers_and_leaves_the_fleet_on_sigterm(tmp, redis_serv
     store = Store.connect(redis_server.url)
     store.clear()
     env = {**os.environ, "EDGETRAIN_REDIS_URL": redis_server.url}
-    cmd = [sys.executable, "-m", "edgetrain.workers.cli", "worker", "device", "--device-id", "jn-1", "--backend", "jetson", "--sysfs-root", str(board)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "edgetrain.workers.cli",
+        "worker",
+        "device",
+        "--device-id",
+        "jn-1",
+        "--backend",
+        "jetson",
+        "--sysfs-root",
+        str(board),
+    ]
     worker = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60

@@ -10,7 +10,9 @@ from edgetrain.common.settings import Settings
 from edgetrain.tasks.app import celery_config
 from edgetrain.workers.commands.doctor import access_findings, redis_findings
 
-SAFE = RedisFacts(version="7.0.15", maxmemory_bytes=0, maxmemory_policy="noeviction", used_memory_bytes=10**6, aof_enabled=True, rdb_save="")
+SAFE = RedisFacts(
+    version="7.0.15", maxmemory_bytes=0, maxmemory_policy="noeviction", used_memory_bytes=10**6, aof_enabled=True, rdb_save=""
+)
 
 
 def test_a_redis_older_than_6_2_is_found_with_the_upgrade_to_make() -> None:
@@ -34,15 +36,17 @@ def test_sentinel_addresses_name_the_sentinels_the_master_and_the_database() -> 
     assert config["broker_transport_options"]["master_name"] == config["result_backend_transport_options"]["master_name"] == "edgetrain"
 
 
-@pytest.mark.parametrize("url, error", [
-    ("sentinel://s1/edgetrain/0", "sentinel 's1' is not HOST:PORT"),
-    ("sentinel://s1:26379", "does not name the master"),
-    ("sentinel://s1:26379/edgetrain/zero", "does not name the master"),
-])
+@pytest.mark.parametrize(
+    "url, error",
+    [
+        ("sentinel://s1/edgetrain/0", "sentinel 's1' is not HOST:PORT"),
+        ("sentinel://s1:26379", "does not name the master"),
+        ("sentinel://s1:26379/edgetrain/zero", "does not name the master"),
+    ],
+)
 def test_a_malformed_sentinel_address_is_refused_naming_the_setting(url: str, error: str) -> None:
     with pytest.raises(ValueError, match=f"redis_url: .*{error}"):
         Settings(redis_url=url)
-
 
 
 def test_acl_users_on_a_redis_older_than_7_with_the_default_user_on_are_found(redis_server) -> None:

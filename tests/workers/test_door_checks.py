@@ -40,7 +40,10 @@ def test_a_federated_split_the_dataset_cannot_give_is_refused_at_submission_and_
     assert done.stderr == ("invalid federated job spec:\n  dataset: 1438 training samples cannot give 1000 devices 8 samples each "
                            "(at most 179 devices on this data)\n")  # fmt: skip
     shards = submit(federated(100, partition={"scheme": "shards", "shards_per_device": 50}), redis_server.url, tmp)
-    assert shards.returncode == ExitCode.usage and "partition.shards_per_device: 50 shards per device leave a device fewer than 8" in shards.stderr
+    assert (
+        shards.returncode == ExitCode.usage
+        and "partition.shards_per_device: 50 shards per device leave a device fewer than 8" in shards.stderr
+    )
     assert store.federated.job_ids(10) == [] and store.jobs.job_ids() == []
     accepted = submit(federated(179), redis_server.url, tmp)
     assert accepted.returncode == ExitCode.ok, accepted.stderr

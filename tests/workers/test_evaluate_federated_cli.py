@@ -157,7 +157,10 @@ def test_a_vector_file_changes_the_choice_of_the_vector_methods_only(tmp, no_red
     spec = TINY | {"seeds": [0], "methods": ["edgetrain", "edgetrain+vector"], "vector": str(tmp / "vector.json"),
                    "job": TINY["job"] | {"max_rounds": 1}}  # fmt: skip
     assert evaluate(tmp, spec) == 0
-    assert "Relation vector of the +vector methods (r_b = N_b / N_bmax; given in the spec): 8: 0.05, 16: 0.5, 32: 1." in capsys.readouterr().out
+    assert (
+        "Relation vector of the +vector methods (r_b = N_b / N_bmax; given in the spec): 8: 0.05, 16: 0.5, 32: 1."
+        in capsys.readouterr().out
+    )
     evaluation = FederatedEvaluation.model_validate_json((tmp / "out" / "federated.json").read_text())
     assert evaluation.vector == evaluation.spec.vector == RelationVector.model_validate(VECTOR)
     plans = _plans(evaluation)

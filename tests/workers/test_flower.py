@@ -72,14 +72,23 @@ def test_flower_shows_workers_queues_tasks_by_job_and_progress(tmp) -> None:
             submit = subprocess.Popen([*cmd[:-3], "submit", str(tmp / "job.json"), "--timeout", "280"],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
             job_id = submit.stdout.readline().strip()
-            running = get_json(f"{base}/tasks", timeout_s=240, until=lambda d: any(
-                t["name"].startswith(f"edgetrain.finetune[{job_id}/nano-f planned b=") and t["state"] == "PROGRESS" for t in d.values()))
+            running = get_json(
+                f"{base}/tasks",
+                timeout_s=240,
+                until=lambda d: any(
+                    t["name"].startswith(f"edgetrain.finetune[{job_id}/nano-f planned b=") and t["state"] == "PROGRESS" for t in d.values()
+                ),
+            )
             fine_tune = next(i for i, t in running.items() if t["name"].startswith(f"edgetrain.finetune[{job_id}/nano-f planned b="))
             info = get_json(f"{base}/task/info/{fine_tune}")  # what the task's page shows
             assert info["state"] == "PROGRESS" and re.search(r"samples \d+/12000  accuracy 0\.\d+ \(target 0\.9\)", info["result"]), info
             names = {t["name"] for t in running.values()}
-            assert {f"edgetrain.profile_device[{job_id}/nano-f smallcnn]", f"edgetrain.estimate_relation_vector[{job_id} smallcnn]",
-                    f"edgetrain.train_proxy[{job_id} b=16 seed=0]", f"edgetrain.train_proxy[{job_id} b=64 seed=0]"} <= names, names
+            assert {
+                f"edgetrain.profile_device[{job_id}/nano-f smallcnn]",
+                f"edgetrain.estimate_relation_vector[{job_id} smallcnn]",
+                f"edgetrain.train_proxy[{job_id} b=16 seed=0]",
+                f"edgetrain.train_proxy[{job_id} b=64 seed=0]",
+            } <= names, names
             device = next(name for name in workers if name.startswith("device-nano-f@"))
             status = get_json(f"{base}/workers?status=1&refresh=1")  # asked while the device trains
             assert status[device] is True, status  # a busy device worker still answers: it stays online
@@ -102,8 +111,10 @@ def test_flower_shows_workers_queues_tasks_by_job_and_progress(tmp) -> None:
             infeasible = client.submit(quick_job([{**long_run, "power_cap_w": 0.5}], batch_sizes=[16, 64], target_accuracy=0.9,
                                                  max_samples=12000))  # fmt: skip
             assert client.wait(infeasible, timeout_s=60).state.value == "failed"
-            get_json(f"{base}/tasks", until=lambda d: any(
-                t["name"] == f"edgetrain.advance_job[{infeasible}]" and t["result"] == "'failed'" for t in d.values()))
+            get_json(
+                f"{base}/tasks",
+                until=lambda d: any(t["name"] == f"edgetrain.advance_job[{infeasible}]" and t["result"] == "'failed'" for t in d.values()),
+            )
         finally:
             flower.terminate()
             flower.wait(timeout=30)

@@ -75,8 +75,10 @@ def test_the_command_line_refuses_a_bad_id_with_the_usage_status(store, redis_se
 def test_an_id_refused_deeper_in_a_command_is_a_usage_error(store, redis_server, capsys, monkeypatch) -> None:
     monkeypatch.setattr(EdgeTrainClient, "status", lambda self, job_id, *view: checked_id("a:b", "job_id"))
     assert main(["status", "j1", "--redis-url", redis_server.url]) == ExitCode.usage
-    assert capsys.readouterr().err.strip() == "edgetrain: job_id: 'a:b' is not allowed: 1 to 64 letters, digits, '.', '_' or '-', " \
+    assert (
+        capsys.readouterr().err.strip() == "edgetrain: job_id: 'a:b' is not allowed: 1 to 64 letters, digits, '.', '_' or '-', "
         "starting with a letter or digit"
+    )
 
 
 @pytest.mark.parametrize("bad", ["a:b", "*", "x" * 65])

@@ -15,10 +15,13 @@ from edgetrain.common.store import Store
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.parametrize(("flags", "control", "settings"), [
-    ([], ControlAxis.DRIVER_CLOCK, [DRIVER_CHOICE]),
-    (["--allow-power-limit"], ControlAxis.POWER_LIMIT_MW, [200_000 + 25_000 * i for i in range(21)]),
-])
+@pytest.mark.parametrize(
+    ("flags", "control", "settings"),
+    [
+        ([], ControlAxis.DRIVER_CLOCK, [DRIVER_CHOICE]),
+        (["--allow-power-limit"], ControlAxis.POWER_LIMIT_MW, [200_000 + 25_000 * i for i in range(21)]),
+    ],
+)
 def test_nvml_worker_registers_its_control_axis(redis_server, flags: list[str], control: ControlAxis, settings: list[int]) -> None:
     store = Store.connect(redis_server.url)
     store.clear()

@@ -48,7 +48,9 @@ def test_show_json_round_trips_and_select_accepts_it(store, redis_server, stairc
     assert ProfileTable.model_validate_json(shown) == staircase_table
     (tmp / "profile.json").write_text(shown)
     (tmp / "vector.json").write_text(RelationVector(batch_sizes=B, ratios=[0.5, 0.7, 1.0]).model_dump_json())
-    rc = edgetrain_main(["select", "--profile", str(tmp / "profile.json"), "--vector", str(tmp / "vector.json"), "--power-cap-w", "3", "--json"])
+    rc = edgetrain_main(
+        ["select", "--profile", str(tmp / "profile.json"), "--vector", str(tmp / "vector.json"), "--power-cap-w", "3", "--json"]
+    )
     assert rc == 0
     choice = json.loads(capsys.readouterr().out)
     assert choice["batch_size"] in B and choice["peak_power_w"] <= 3.0
@@ -56,7 +58,18 @@ def test_show_json_round_trips_and_select_accepts_it(store, redis_server, stairc
 
 def test_edgetrain_command_shows_the_table(store, redis_server, staircase_table) -> None:
     store.resources.put_table(staircase_table)
-    cmd = [sys.executable, "-m", "edgetrain.workers.cli", "--redis-url", redis_server.url, "profile", "show", "jetson-nano", "smallcnn", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "edgetrain.workers.cli",
+        "--redis-url",
+        redis_server.url,
+        "profile",
+        "show",
+        "jetson-nano",
+        "smallcnn",
+        "--json",
+    ]
     shown = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert ProfileTable.model_validate_json(shown.stdout) == staircase_table

@@ -107,8 +107,11 @@ def test_the_labels_and_progress_lines_quoted_are_the_ones_edgetrain_makes() -> 
     labels = [
         label(TaskName.train_proxy, ProxyRunRequest(request=spec.estimation_request(), batch_size=8, seed=1, job_id=job).model_dump()),
         label(TaskName.profile_device, job_profile_request(claim_token(job), spec, spec.devices[0], nano).model_dump()),
-        label(TaskName.finetune, finetune_request(job, spec, spec.devices[0], choice, "table", "vector").model_dump(mode="json"),
-              setting=nano.control.describe(choice.frequency_hz)),
+        label(
+            TaskName.finetune,
+            finetune_request(job, spec, spec.devices[0], choice, "table", "vector").model_dump(mode="json"),
+            setting=nano.control.describe(choice.frequency_hz),
+        ),
         label(TaskName.advance_job, job),
     ]
     progress = FinetuneProgress(samples=1024, accuracy=0.712, device_time_s=1.0, energy_j=2.0, target_accuracy=0.85,

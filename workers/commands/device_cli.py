@@ -32,8 +32,10 @@ def format_jetson(info: dict[str, Any]) -> str:
         f"board        {info['board']}{model}",
         f"devfreq      {info['devfreq_path']}",
         f"governor     {info['governor']}",
-        (f"frequency    {_mhz(info['current_frequency_hz'])} MHz now; "
-         f"range {_mhz(info['min_frequency_hz'])}..{_mhz(info['max_frequency_hz'])} MHz"),
+        (
+            f"frequency    {_mhz(info['current_frequency_hz'])} MHz now; "
+            f"range {_mhz(info['min_frequency_hz'])}..{_mhz(info['max_frequency_hz'])} MHz"
+        ),
         f"available    {_mhz_list(info['frequencies_hz'])}",
         f"pinning      {'allowed' if info['writable'] else 'needs root (sudo) or a udev rule'}",
     ]
@@ -61,8 +63,10 @@ def format_nvml(info: dict[str, Any]) -> str:
         f"clock        SM {_clock(info['sm_clock_hz'])} now, graphics {_clock(info['graphics_clock_hz'])}",
         f"supported    {_mhz_list(clocks) if clocks else 'not reported'}",
         f"power        {value(info['power_w'], '.1f', 'W')} now",
-        (f"power limit  {value(info['power_limit_w'], 'g', 'W')} (default "
-         f"{value(info['power_limit_default_w'], 'g', 'W')}, {limit_range})"),
+        (
+            f"power limit  {value(info['power_limit_w'], 'g', 'W')} (default "
+            f"{value(info['power_limit_default_w'], 'g', 'W')}, {limit_range})"
+        ),
         f"energy       {value(info['energy_counter_j'], '.1f', 'J since the driver loaded')}",
     ]
     if info["not_supported"]:
@@ -107,8 +111,10 @@ def format_twins(specs: list[TwinSpec]) -> str:
         lines = [
             f"{s.name} [{s.device_type}] SIMULATED, models L4T {s.l4t_release or 'release not stated'}",
             f"  frequencies  {_mhz_list(s.frequencies_hz)}",
-            (f"  power        idle {s.idle_power_w:g} W, full load {s.full_load_power_w[0]:g} W at the lowest to "
-             f"{s.full_load_power_w[-1]:g} W at the highest clock (SIMULATED)"),
+            (
+                f"  power        idle {s.idle_power_w:g} W, full load {s.full_load_power_w[0]:g} W at the lowest to "
+                f"{s.full_load_power_w[-1]:g} W at the highest clock (SIMULATED)"
+            ),
             f"  rails        {', '.join(s.power_rails) or 'not stated'} (board power: {total})",
         ]
         if s.power_modes:

@@ -254,8 +254,11 @@ def add_evaluate_command(subparsers: argparse._SubParsersAction, parents: list[a
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     p.add_argument("--out", default="edgetrain-evaluation", help="folder for the figures and the JSON (default: %(default)s)")
     p.add_argument("--verify", action="store_true", help="fine-tune each method's configuration on the device and compare")
-    p.add_argument("--workdir", default=str(DEFAULT_WORKDIR),
-                   help="local cluster only: where its Redis keeps the cache between runs, and the logs (default: %(default)s)")
+    p.add_argument(
+        "--workdir",
+        default=str(DEFAULT_WORKDIR),
+        help="local cluster only: where its Redis keeps the cache between runs, and the logs (default: %(default)s)",
+    )
     p.add_argument("--server-workers", type=int, default=2, help="local cluster only: server worker processes (default: 2)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for each step (default: 6 h)")
     p.set_defaults(func=cmd_evaluate)

@@ -50,22 +50,26 @@ def role_rules(prefix: str = DEFAULT_PREFIX) -> dict[str, str]:
     commands = "+@all -@admin -@dangerous +info"
     return {
         "worker": f"~* &* {commands}",
-        "submitter": " ".join([
-            f"~{p}:job:* ~{p}:jobs %W~{p}:unplanned ~{p}:fleet:jobs:* ~{p}:fleet:cap:* ~{p}:fed:* ~{p}:federated*",
-            f"%R~{p}:fleet:* %R~{p}:vector:* %R~{p}:table:* %R~{p}:failed:* %R~{p}:fedrun:*",
-            f"%R~{p}:worker* %R~{p}:pretrained:* %R~{p}:store %R~{p}:vector-parts:* %R~{p}:vector-progress:* %R~{p}:profiling:*",
-            "%W~control %W~server",
-            "~celery-task-meta-* &celery-task-meta-*",
-            commands,
-        ]),
-        "monitor": " ".join([
-            "%R~* ~_kombu.binding*.celeryev ~_kombu.binding_deadlines ~celeryev.*",
-            *(f"&/{db}.celeryev/*" for db in REDIS_DATABASES),
-            commands,
-        ]),
+        "submitter": " ".join(
+            [
+                f"~{p}:job:* ~{p}:jobs %W~{p}:unplanned ~{p}:fleet:jobs:* ~{p}:fleet:cap:* ~{p}:fed:* ~{p}:federated*",
+                f"%R~{p}:fleet:* %R~{p}:vector:* %R~{p}:table:* %R~{p}:failed:* %R~{p}:fedrun:*",
+                f"%R~{p}:worker* %R~{p}:pretrained:* %R~{p}:store %R~{p}:vector-parts:* %R~{p}:vector-progress:* %R~{p}:profiling:*",
+                "%W~control %W~server",
+                "~celery-task-meta-* &celery-task-meta-*",
+                commands,
+            ]
+        ),
+        "monitor": " ".join(
+            [
+                "%R~* ~_kombu.binding*.celeryev ~_kombu.binding_deadlines ~celeryev.*",
+                *(f"&/{db}.celeryev/*" for db in REDIS_DATABASES),
+                commands,
+            ]
+        ),
         "replica": "-@all +psync +replconf +ping",
         "sentinel": "&* -@all +multi +slaveof +ping +exec +subscribe +config|rewrite +role +publish +info +client|setname "
-                    "+client|kill +script|kill",
+        "+client|kill +script|kill",
     }
 
 

@@ -66,9 +66,7 @@ def _shutting_down(store: Store, instance: str) -> None:
         logger.warning("cannot tell the running fine-tunes to stop (%s): they stop when their process does", exc)
 
 
-def consume(
-    queues: list[str], name: str, role: str, concurrency: int, loglevel: str = "INFO", device: DeviceInfo | None = None
-) -> int:
+def consume(queues: list[str], name: str, role: str, concurrency: int, loglevel: str = "INFO", device: DeviceInfo | None = None) -> int:
     """Consume `queues` with the app `context.init` configured (prefork pool: tasks run in
     child processes the worker survives), until a shutdown signal (SIGTERM/SIGINT: warm
     shutdown). Returns the worker's exit status: 0 after a shutdown signal, non-zero when it

@@ -87,6 +87,7 @@ class EmbeddedRedis:
 @dataclass
 class WorkerProcess:
     """One worker process of the cluster (`edgetrain worker ...`), its log in `log`."""
+
     name: str
     argv: list[str]
     log: Path

@@ -23,8 +23,14 @@ DEVICE_TASKS = ("edgetrain.tasks.workflow", "edgetrain.tasks.device", "edgetrain
 BACKENDS = "sim:<twin name or spec file>, jetson, nvml"
 
 
-def make_device(backend: str, device_id: str, sysfs_root: Path | None = None, allow_clock_control: bool = False,
-                gpu_index: int = 0, allow_power_limit: bool = False) -> Device:
+def make_device(
+    backend: str,
+    device_id: str,
+    sysfs_root: Path | None = None,
+    allow_clock_control: bool = False,
+    gpu_index: int = 0,
+    allow_power_limit: bool = False,
+) -> Device:
     """The device backend named by `backend`; allow_clock_control and allow_power_limit
     choose the nvml backend's control axis (read-only without either)."""
     if allow_power_limit and backend != "nvml":

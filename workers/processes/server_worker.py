@@ -28,8 +28,19 @@ def run_server_workers(settings: Settings, name: str | None, concurrency: int, g
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": index.strip(), "EDGETRAIN_REDIS_URL": settings.redis_url,
                "EDGETRAIN_KEY_PREFIX": settings.key_prefix}  # fmt: skip
         name = f"{base}-gpu{index.strip()}"
-        argv = [sys.executable, "-m", "edgetrain.workers.cli", "worker", "server", "--name", name, "--loglevel", loglevel,
-                "--log-format", settings.log_format]
+        argv = [
+            sys.executable,
+            "-m",
+            "edgetrain.workers.cli",
+            "worker",
+            "server",
+            "--name",
+            name,
+            "--loglevel",
+            loglevel,
+            "--log-format",
+            settings.log_format,
+        ]
         children.append(subprocess.Popen(argv, env=env))
 
     def forward(sig: int, _frame: object) -> None:

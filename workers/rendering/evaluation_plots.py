@@ -154,7 +154,7 @@ def plot_sensitivity(matrices: list[SensitivityMatrix], path: str | Path, title:
     finite = [v for m in matrices for line in m.edgetrain_over_oracle_pct for v in line if v is not None]
     norm = Normalize(0.0, max([*finite, 10.0]), clip=True)
     images = [_sensitivity_panel(ax, matrix, norm) for ax, matrix in zip(axes, matrices)]
-    for ax in axes[len(matrices):]:
+    for ax in axes[len(matrices) :]:
         ax.set_visible(False)
     fig.colorbar(images[0], ax=list(axes[: len(matrices)]), label="% time to accuracy over the oracle", shrink=0.8, extend="max")
     simulated = any(m.simulated for m in matrices)
@@ -172,7 +172,11 @@ def plot_choices(table: ProfileTable, row: EvaluationRow, path: str | Path) -> N
     handles = []
     for name, method in chosen.items():
         style: dict[str, Any] = {
-            "marker": MARKERS[name], "color": COLOURS[name], "markeredgecolor": "black", "markersize": 7, "linestyle": "none",
+            "marker": MARKERS[name],
+            "color": COLOURS[name],
+            "markeredgecolor": "black",
+            "markersize": 7,
+            "linestyle": "none",
         }
         label = LABELS[name] if method.reached else f"{LABELS[name]} ({'not reached' if method.batch_size else 'none under the cap'})"
         handles.append(Line2D([], [], label=label, **style))

@@ -32,8 +32,14 @@ class JetsonDevice:
     control = ControlAxis.GPU_CLOCK_HZ
     power_resolution_w = 0.001  # the INA3221 drivers report mW (or mV and mA)
 
-    def __init__(self, sysfs_root: str | Path = "/", device_type: str | None = None, io: SysfsIO | None = None,
-                 sample_rate_hz: float = DEFAULT_RATE_HZ, settle_s: float = 0.5):
+    def __init__(
+        self,
+        sysfs_root: str | Path = "/",
+        device_type: str | None = None,
+        io: SysfsIO | None = None,
+        sample_rate_hz: float = DEFAULT_RATE_HZ,
+        settle_s: float = 0.5,
+    ):
         """settle_s: how long set_frequency waits for cur_freq to reach the pinned value (s)."""
         self.root = Path(sysfs_root)
         self._io = io or SysfsIO()
@@ -83,8 +89,7 @@ class JetsonDevice:
     def set_frequency(self, frequency_hz: int) -> None:
         """Pin the GPU by writing `frequency_hz` (Hz) to min_freq and max_freq, then check cur_freq."""
         if frequency_hz not in self._frequencies:
-            raise DeviceError(f"frequency_hz={frequency_hz} is not available on this {self.device_type}: "
-                              f"allowed {self._frequencies} (Hz)")
+            raise DeviceError(f"frequency_hz={frequency_hz} is not available on this {self.device_type}: allowed {self._frequencies} (Hz)")
         self._write_range(frequency_hz, frequency_hz)
         self._check_pinned(frequency_hz)
 
@@ -103,8 +108,7 @@ class JetsonDevice:
     def run_steps(self, step: Callable[[], None], batch_size: int, steps: int) -> Measurement:
         """Time, power and the cur_freq observed while the steps ran (a thermal or power-mode
         cap can hold the GPU below the pinned clock)."""
-        return measure_steps(step, batch_size, steps, self.read_power_w, self._sample_rate_hz,
-                             read_clock_hz=self.current_frequency)
+        return measure_steps(step, batch_size, steps, self.read_power_w, self._sample_rate_hz, read_clock_hz=self.current_frequency)
 
     def idle(self, seconds: float) -> Measurement:
         return measure_idle(seconds, self.read_power_w, self._sample_rate_hz)

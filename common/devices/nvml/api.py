@@ -31,8 +31,9 @@ def load_nvml() -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        raise DeviceError(f"the nvml backend needs the package nvidia-ml-py (import {name} failed: {exc}): "
-                          "pip install nvidia-ml-py") from exc
+        raise DeviceError(
+            f"the nvml backend needs the package nvidia-ml-py (import {name} failed: {exc}): pip install nvidia-ml-py"
+        ) from exc
 
 
 class Nvml:
@@ -75,8 +76,9 @@ class Nvml:
         """An NVMLError of `function` as a DeviceError saying what is needed."""
         if exc.value == self.module.NVML_ERROR_NO_PERMISSION:
             what = PRIVILEGED.get(function, "this call")
-            return DevicePermissionError(f"{function} on {self.label}: insufficient permissions; {what} needs root: "
-                                         "run the worker as root (sudo)")
+            return DevicePermissionError(
+                f"{function} on {self.label}: insufficient permissions; {what} needs root: run the worker as root (sudo)"
+            )
         if exc.value == self.module.NVML_ERROR_NOT_SUPPORTED:
             return DeviceError(f"{function} is not supported on {self.label} with this driver")
         return DeviceError(f"{function} on {self.label} failed: {exc}")

@@ -45,20 +45,34 @@ class NvmlDevice:
     simulated = False
     power_resolution_w = 0.001  # nvmlDeviceGetPowerUsage reports mW
 
-    def __init__(self, index: int = 0, allow_clock_control: bool = False, allow_power_limit: bool = False,
-                 nvml: Any = None, device_type: str | None = None, sample_rate_hz: float = DEFAULT_RATE_HZ,
-                 power_limit_step_w: float = DEFAULT_POWER_LIMIT_STEP_W):
+    def __init__(
+        self,
+        index: int = 0,
+        allow_clock_control: bool = False,
+        allow_power_limit: bool = False,
+        nvml: Any = None,
+        device_type: str | None = None,
+        sample_rate_hz: float = DEFAULT_RATE_HZ,
+        power_limit_step_w: float = DEFAULT_POWER_LIMIT_STEP_W,
+    ):
         if allow_clock_control and allow_power_limit:
-            raise DeviceError("allow_clock_control and allow_power_limit each choose the control axis: give one "
-                              "(--allow-clock-control locks clocks, --allow-power-limit sets the power limit)")
+            raise DeviceError(
+                "allow_clock_control and allow_power_limit each choose the control axis: give one "
+                "(--allow-clock-control locks clocks, --allow-power-limit sets the power limit)"
+            )
         if power_limit_step_w <= 0:
             raise DeviceError(f"power_limit_step_w={power_limit_step_w}: must be more than 0 W")
         self._nvml = Nvml(nvml, index)
         self.index = index
         self.name = self._nvml.name
         self.device_type = device_type or slugify(self.name)
-        self.control = (ControlAxis.GPU_CLOCK_HZ if allow_clock_control
-                        else ControlAxis.POWER_LIMIT_MW if allow_power_limit else ControlAxis.DRIVER_CLOCK)
+        self.control = (
+            ControlAxis.GPU_CLOCK_HZ
+            if allow_clock_control
+            else ControlAxis.POWER_LIMIT_MW
+            if allow_power_limit
+            else ControlAxis.DRIVER_CLOCK
+        )
         self._sample_rate_hz = sample_rate_hz
         self._settings = {
             ControlAxis.GPU_CLOCK_HZ: self._supported_clocks_hz,
@@ -120,8 +134,9 @@ class NvmlDevice:
         """Time, power and the SM clock observed while the steps ran; energy from NVML's
         energy counter when the GPU has one, else from the power samples."""
         energy = self._energy_j if self._has_energy_counter else None
-        return measure_steps(step, batch_size, steps, self.read_power_w, self._sample_rate_hz, read_energy_j=energy,
-                             read_clock_hz=self.current_frequency)
+        return measure_steps(
+            step, batch_size, steps, self.read_power_w, self._sample_rate_hz, read_energy_j=energy, read_clock_hz=self.current_frequency
+        )
 
     def idle(self, seconds: float) -> Measurement:
         return measure_idle(seconds, self.read_power_w, self._sample_rate_hz)
@@ -149,9 +164,11 @@ class NvmlDevice:
     def _not_a_setting(self, value: int) -> str:
         label = self._nvml.label
         if self.control is ControlAxis.DRIVER_CLOCK:
-            return (f"frequency_hz={value}: {label} is read-only, the driver chooses its clock (the one setting is "
-                    f"{DRIVER_CHOICE}, the driver's choice); start the worker with --allow-power-limit to set its "
-                    "power limit, or --allow-clock-control to lock its clocks (both need root)")
+            return (
+                f"frequency_hz={value}: {label} is read-only, the driver chooses its clock (the one setting is "
+                f"{DRIVER_CHOICE}, the driver's choice); start the worker with --allow-power-limit to set its "
+                "power limit, or --allow-clock-control to lock its clocks (both need root)"
+            )
         return f"frequency_hz={value} is not a setting of {label} ({self.control.label}): allowed {self._settings}"
 
     def _supported_clocks_hz(self) -> list[int]:

@@ -29,8 +29,7 @@ def inspect_nvml(index: int = 0, module: Any = None) -> dict[str, Any]:
     memory_clocks = optional("nvmlDeviceGetSupportedMemoryClocks", lambda v: sorted(int(m) for m in v))
     graphics = None
     if memory_clocks:
-        graphics = optional("nvmlDeviceGetSupportedGraphicsClocks", lambda v: sorted({int(f) * MHZ for f in v}),
-                            memory_clocks[-1])
+        graphics = optional("nvmlDeviceGetSupportedGraphicsClocks", lambda v: sorted({int(f) * MHZ for f in v}), memory_clocks[-1])
     limits = optional("nvmlDeviceGetPowerManagementLimitConstraints", lambda v: [watts(v[0]), watts(v[1])])
     return {
         "index": index,

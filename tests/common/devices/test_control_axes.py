@@ -59,7 +59,9 @@ def test_power_limit_table_has_the_limits_as_ascending_columns_and_is_restored()
 def power_limit_table() -> ProfileTable:
     """Two batch sizes on four power limits (mW): peak power (W) and time (s) per setting."""
     return ProfileTable(
-        batch_sizes=[16, 128], frequencies_hz=[150_000, 200_000, 250_000, 300_000], samples=1024,
+        batch_sizes=[16, 128],
+        frequencies_hz=[150_000, 200_000, 250_000, 300_000],
+        samples=1024,
         time_s=[[9.0, 7.0, 6.0, 5.5], [8.0, 6.0, 4.5, 4.0]],
         peak_power_w=[[100.0, 130.0, 160.0, 190.0], [140.0, 185.0, 230.0, 260.0]],
         control=ControlAxis.POWER_LIMIT_MW,

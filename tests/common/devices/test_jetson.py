@@ -28,12 +28,9 @@ from edgetrain.workers.commands.device_cli import format_jetson
 BOARDS: dict[str, Callable[..., FakeBoard]] = {"nano": build_nano, "tx2-nx": build_tx2_nx, "orin-nano": build_orin_nano}
 # family, devfreq entry, frequencies (Hz), rails, total power (W), memory (bytes)
 EXPECTED = {
-    "nano": ("jetson-nano", "57000000.gpu", NANO_FREQS, ["POM_5V_IN", "POM_5V_GPU", "POM_5V_CPU"], 4.8,
-             4051060 * 1024),
-    "tx2-nx": ("jetson-tx2-nx", "17000000.gp10b", TX2_FREQS, ["VDD_IN", "VDD_CPU_GPU", "VDD_SOC"], 6.4,
-               3952940 * 1024),
-    "orin-nano": ("jetson-orin-nano", "17000000.gpu", ORIN_NANO_FREQS, ["VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC"], 7.5,
-                  7802784 * 1024),
+    "nano": ("jetson-nano", "57000000.gpu", NANO_FREQS, ["POM_5V_IN", "POM_5V_GPU", "POM_5V_CPU"], 4.8, 4051060 * 1024),
+    "tx2-nx": ("jetson-tx2-nx", "17000000.gp10b", TX2_FREQS, ["VDD_IN", "VDD_CPU_GPU", "VDD_SOC"], 6.4, 3952940 * 1024),
+    "orin-nano": ("jetson-orin-nano", "17000000.gpu", ORIN_NANO_FREQS, ["VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC"], 7.5, 7802784 * 1024),
 }
 
 
@@ -63,9 +60,14 @@ def test_a_tree_without_a_total_rail_sums_the_rails(tmp_path: Path) -> None:
     assert device.memory_bytes == 0  # no proc/meminfo in this tree
 
 
-@pytest.mark.parametrize(("board", "family"), [
-    ("nano", "jetson-nano"), ("tx2-nx", "jetson-tx2-nx"), ("orin-nano", "jetson-orin"),
-])
+@pytest.mark.parametrize(
+    ("board", "family"),
+    [
+        ("nano", "jetson-nano"),
+        ("tx2-nx", "jetson-tx2-nx"),
+        ("orin-nano", "jetson-orin"),
+    ],
+)
 def test_family_without_a_model_file_comes_from_the_gpu_node_and_rails(board: str, family: str, tmp_path: Path) -> None:
     BOARDS[board](tmp_path, model=None)
     assert JetsonDevice(sysfs_root=tmp_path).device_type == family

@@ -32,8 +32,13 @@ def test_a_worker_process_restores_the_frequency_when_it_ends(ending: str, tmp_p
     fake = build_nano(tmp_path, min_hz=NANO_FREQS[4], max_hz=NANO_FREQS[9])
     original = fake.settings()
     pinned = NANO_FREQS[1]
-    proc = subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path), str(pinned), ending], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKER, str(tmp_path), str(pinned), ending],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "pinned", proc.stderr.read()
         if ending != "exit":
@@ -69,8 +74,9 @@ time.sleep(60)
 def test_a_worker_process_restores_the_power_limit_when_it_ends(ending: str, tmp_path: Path) -> None:
     log = tmp_path / "nvml-calls.log"
     env = {**os.environ, "EDGETRAIN_NVML_MODULE": "edgetrain.common.testing.fake_nvml", "EDGETRAIN_FAKE_NVML_LOG": str(log)}
-    proc = subprocess.Popen([sys.executable, "-c", NVML_WORKER, "300000", ending], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", NVML_WORKER, "300000", ending], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "limited", proc.stderr.read()
         if ending != "exit":

@@ -90,7 +90,9 @@ def test_power_limit_is_the_control_axis_and_restore_puts_the_original_back() ->
 def test_power_limit_without_root_explains_itself() -> None:
     nvml = FakeNvml(fail={"nvmlDeviceSetPowerManagementLimit": NVML_ERROR_NO_PERMISSION})
     device = NvmlDevice(nvml=nvml, allow_power_limit=True)
-    with pytest.raises(DevicePermissionError, match=r"nvmlDeviceSetPowerManagementLimit on GPU 0 .*changing the GPU power limit needs root"):
+    with pytest.raises(
+        DevicePermissionError, match=r"nvmlDeviceSetPowerManagementLimit on GPU 0 .*changing the GPU power limit needs root"
+    ):
         device.set_frequency(device.frequencies_hz[0])
     device.restore()  # the limit never changed: nothing to put back
     assert nvml.limit_mw == FakeNvml.LIMIT_RANGE_MW[1]
@@ -163,8 +165,15 @@ def test_inspect_reports_clocks_power_limits_and_energy() -> None:
     assert info["power_limit_range_w"] == [200.0, 700.0] and info["power_limit_default_w"] == 700.0
     assert info["power_w"] == 70.0 and info["sm_clock_hz"] == 345_000_000
     assert info["energy_counter_j"] >= 0 and info["not_supported"] == []
-    partial = inspect_nvml(0, FakeNvml(fail={"nvmlDeviceGetTotalEnergyConsumption": NVML_ERROR_NOT_SUPPORTED,
-                                             "nvmlDeviceGetPowerManagementLimitConstraints": NVML_ERROR_NOT_SUPPORTED}))
+    partial = inspect_nvml(
+        0,
+        FakeNvml(
+            fail={
+                "nvmlDeviceGetTotalEnergyConsumption": NVML_ERROR_NOT_SUPPORTED,
+                "nvmlDeviceGetPowerManagementLimitConstraints": NVML_ERROR_NOT_SUPPORTED,
+            }
+        ),
+    )
     assert partial["energy_counter_j"] is None and partial["power_limit_range_w"] is None
     assert partial["not_supported"] == ["nvmlDeviceGetPowerManagementLimitConstraints", "nvmlDeviceGetTotalEnergyConsumption"]
 

@@ -105,8 +105,9 @@ def test_measure_steps_times_the_steps_and_integrates_power() -> None:
 
 def test_measure_steps_prefers_an_energy_counter() -> None:
     t0 = time.monotonic()
-    m = measure_steps(lambda: time.sleep(0.05), batch_size=1, steps=2, read_power_w=lambda: 100.0,
-                      read_energy_j=lambda: 40.0 * (time.monotonic() - t0))
+    m = measure_steps(
+        lambda: time.sleep(0.05), batch_size=1, steps=2, read_power_w=lambda: 100.0, read_energy_j=lambda: 40.0 * (time.monotonic() - t0)
+    )
     assert m.mean_power_w == pytest.approx(40.0, rel=0.05)
     assert m.energy_j == pytest.approx(40.0 * m.elapsed_s, rel=0.05)
     assert m.peak_power_w == 100.0

@@ -11,7 +11,20 @@ from edgetrain.common.schemas import LearningRatePolicy, ProfilingOptions
 from edgetrain.common.workload import measure_workload
 
 # facts/hardware.md: Jetson Nano whole-board power at full SGEMM load (W) per GPU MHz
-NANO_SGEMM_W = {76.8: 2.4, 153.6: 2.7, 230.4: 3.0, 307.2: 3.3, 384: 3.7, 460.8: 4.0, 537.6: 4.3, 614.4: 4.9, 691.2: 5.5, 768: 6.25, 844.8: 7.0, 921.6: 8.7}
+NANO_SGEMM_W = {
+    76.8: 2.4,
+    153.6: 2.7,
+    230.4: 3.0,
+    307.2: 3.3,
+    384: 3.7,
+    460.8: 4.0,
+    537.6: 4.3,
+    614.4: 4.9,
+    691.2: 5.5,
+    768: 6.25,
+    844.8: 7.0,
+    921.6: 8.7,
+}
 
 
 def workload(name: str):

@@ -30,16 +30,21 @@ SHAPE_TOLERANCE_W = 0.05
 # Module power ratings from NVIDIA's data sheets (W): the most a module draws.
 MODULE_MAX_W = {"jetson-tx2-nx": 15.0, "jetson-orin-nano": 15.0, "jetson-orin-nx": 25.0, "jetson-agx-orin": 60.0}
 # The top GPU clock of each SoC (Hz), where its voltage curve ends: T186 and T234 at 1300.5 MHz.
-SOC_TOP_HZ = {"jetson-tx2-nx": 1300500000, "jetson-orin-nano": 1300500000, "jetson-orin-nx": 1300500000,
-              "jetson-agx-orin": 1300500000}
+SOC_TOP_HZ = {"jetson-tx2-nx": 1300500000, "jetson-orin-nano": 1300500000, "jetson-orin-nx": 1300500000, "jetson-agx-orin": 1300500000}
 # nvpmodel modes that keep every TPC of the GPU powered: their budget bounds full GPU load.
 ALL_TPC_MODES = {"jetson-orin-nano": ["15W"], "jetson-orin-nx": ["25W"], "jetson-agx-orin": ["50W"]}
 
 
 def sgemm(n: int) -> Workload:
     """One n x n SGEMM per step: 2 n^3 FLOP, one kernel."""
-    return Workload(model=f"sgemm-{n}", input_shape=(n, n), flops_per_sample=2.0 * n**3,
-                    activation_bytes_per_sample=4.0 * n**2, parameter_bytes=8.0 * n**2, kernels_per_step=1)
+    return Workload(
+        model=f"sgemm-{n}",
+        input_shape=(n, n),
+        flops_per_sample=2.0 * n**3,
+        activation_bytes_per_sample=4.0 * n**2,
+        parameter_bytes=8.0 * n**2,
+        kernels_per_step=1,
+    )
 
 
 def test_every_builtin_twin_cites_its_sources_and_release() -> None:
@@ -75,8 +80,10 @@ def test_nano_time_per_flop_vs_clock_matches_the_sgemm_sweep(n: int) -> None:
 def test_nano_small_sizes_are_held_back_by_a_clock_independent_part() -> None:
     """Measured: 12x the clock gives 12x the speed at n=2048 but 5x at n=128; so does the twin."""
     spec = TWINS["jetson-nano"].model_copy(update={"compute_efficiency": 1.0, "memory_bandwidth_bytes_per_s": None})
-    speedup = {n: StepModel(spec, sgemm(n)).step(1, NANO_CLOCKS_HZ[0])[0] / StepModel(spec, sgemm(n)).step(1, NANO_CLOCKS_HZ[-1])[0]
-               for n in (128, 2048)}
+    speedup = {
+        n: StepModel(spec, sgemm(n)).step(1, NANO_CLOCKS_HZ[0])[0] / StepModel(spec, sgemm(n)).step(1, NANO_CLOCKS_HZ[-1])[0]
+        for n in (128, 2048)
+    }
     measured = {n: NANO_SGEMM_GFLOPS[n][-1] / NANO_SGEMM_GFLOPS[n][0] for n in (128, 2048)}
     assert measured[128] < 0.5 * measured[2048] and speedup[128] < 0.5 * speedup[2048]
 
