@@ -3,22 +3,9 @@ from matplotlib.image import imread
 from edgetrain.common.evaluation import DeviceProfile, EvaluationReport, evaluate
 from edgetrain.common.schemas import ProfileTable, RelationVector
 from edgetrain.workers.rendering.evaluation_plots import plot_sensitivity, plot_time_energy, write_figures
+from tests.common.devices.measured import NANO_CLOCKS_HZ as NANO_HZ
 
 BATCH_SIZES = [4, 8, 16, 32, 64, 128]
-NANO_HZ = [
-    76800000,
-    153600000,
-    230400000,
-    307200000,
-    384000000,
-    460800000,
-    537600000,
-    614400000,
-    691200000,
-    768000000,
-    844800000,
-    921600000,
-]
 NANO_FULL_W = [2.4, 2.7, 3.0, 3.3, 3.7, 4.0, 4.3, 4.9, 5.5, 6.25, 7.0, 8.7]
 
 
