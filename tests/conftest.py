@@ -75,6 +75,7 @@ def require_dataset(fetched: dict[str, dict]):
     return require
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under xdist's `loadgroup`, the tests of a module that share a module- or class-scoped
     fixture (a cluster) run on one worker, one after the other; every other test goes wherever a

@@ -76,9 +76,13 @@ def test_prometheus_reads_the_device_s_power_and_the_job_s_progress(fleet) -> No
 
 def test_alert_rules_and_dashboard_queries_evaluate_on_the_scraped_fleet(fleet) -> None:
     _, _, prometheus, _ = fleet
-    groups = prometheus.api("rules")["groups"]
-    rules = [r for g in groups for r in g["rules"]]
-    assert len(rules) == 7 and all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
+
+    def evaluated() -> list[dict] | None:  # every rule evaluated at least once (a loaded machine may lag a second or two)
+        rules = [r for g in prometheus.api("rules")["groups"] for r in g["rules"]]
+        return rules if rules and all(r["health"] != "unknown" for r in rules) else None
+
+    rules = poll_until(evaluated, 60, 0.5, "every alert rule evaluated")
+    assert len(rules) == 7 and all(r["health"] == "ok" for r in rules), [(r["name"], r["health"], r.get("lastError")) for r in rules]
     dashboard = json.loads((DEPLOY / "grafana" / "edgetrain-dashboard.json").read_text())
     answered = {t["expr"]: prometheus.query(t["expr"]) for p in dashboard["panels"] for t in p["targets"]}
     assert answered["edgetrain_workers"] and answered["edgetrain_queue_messages"]
