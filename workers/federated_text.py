@@ -77,7 +77,7 @@ def format_federated_evaluation(evaluation: FederatedEvaluation) -> str:
     return "\n".join([
         f"## {evaluation.name or 'federated evaluation'}", "",
         "Device figures are SIMULATED (twins): device time and energy come from the twins' models; the global "
-        "accuracy comes from real training (FedAvg of every device's local steps on its own real data).", "",
+        "accuracy comes from real training (every device's local steps on its own real data, aggregated).", "",
         f"Job: {job_line(spec.job)} Seeds {spec.seeds}; wall time {evaluation.wall_s:.0f} s.", "",
         *([vector_line(evaluation.vector), ""] if evaluation.vector else []),
         "To the target global accuracy (mean ± std over the seeds that reached it; a round lasts as long as its slowest "
