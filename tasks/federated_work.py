@@ -15,10 +15,11 @@ from torch import nn
 
 from edgetrain.common.artifacts import get_state, initial_model, put_state
 from edgetrain.common.devices.base import Device
-from edgetrain.common.federated.data import device_data, num_classes, test_set
+from edgetrain.common.federated.data import device_data, num_classes
 from edgetrain.common.federated.events import Accepted, Refused, RoundAggregated, UpdateAccepted, UpdateRefused
+from edgetrain.common.federated.fairness import score
 from edgetrain.common.federated.records import AggregateRequest, FederatedRecord, FederatedState, LocalUpdate, Phase, TrainRequest
-from edgetrain.common.federated.rounds import State, fedavg, global_accuracy, round_record, train_round
+from edgetrain.common.federated.rounds import State, Update, aggregate, round_record, train_round
 from edgetrain.common.jobs.state import EventKind
 from edgetrain.common.models import get_model
 from edgetrain.common.security import artifact_path
@@ -102,9 +103,10 @@ def _train(record: FederatedRecord, state: FederatedState, request: TrainRequest
 
 @app.task(name=TaskName.federated_aggregate.value, pydantic=True)
 def federated_aggregate(request: AggregateRequest) -> float | None:
-    """FedAvg over the updates the closed round accepted (weighted by the samples each device
-    holds), the new global model's accuracy on the server's test set, and the round recorded;
-    a round aggregated already is left as it is (None). Returns the global accuracy."""
+    """The job's aggregation (FedAvg or FedNova) of the updates the closed round accepted, the
+    new global model's accuracy on the server's test set and on each device's held-out data,
+    and the round recorded; a round aggregated already is left as it is (None). Returns the
+    global accuracy."""
     s, job_id, r = store(), request.job_id, request.round
     record, state = s.federated.record(job_id), s.federated.state(job_id)
     if record is None or state is None or state.phase != Phase.aggregating or state.round != r:
@@ -115,14 +117,15 @@ def federated_aggregate(request: AggregateRequest) -> float | None:
     used = [updates[d] for d in state.closed_with if d in updates]
     try:
         model, current = _global(record, state)
-        merged = fedavg([(get_state(u.weights, settings().artifact_dir), float(u.held_samples)) for u in used]) if used else current
+        to_merge = [Update(get_state(u.weights, settings().artifact_dir), u.held_samples, u.trained.assignment) for u in used]
+        merged = aggregate(record.spec, current, to_merge) if used else current
         weights = put_state(merged, f"fed-{job_id}-r{r}-global", settings().artifact_dir) if used else state.global_weights
-        accuracy = global_accuracy(model, merged, test_set(record.spec))
+        accuracy, held_out = score(record.spec, model, merged)
     except Exception as exc:  # the server cannot aggregate or evaluate (the test set, the weights): the job fails, saying why
         reason = f"round {r}: aggregation failed: {describe(exc)}"
         fail_aggregation(job_id, reason, r)
         raise TaskFailed(reason) from exc
-    done = round_record(r, accuracy, [u.trained for u in used], state.elapsed_s, [a.device_id for a in state.assignments])
+    done = round_record(r, accuracy, [u.trained for u in used], state.elapsed_s, [a.device_id for a in state.assignments], held_out)
     try:
         s.federated.apply(job_id, RoundAggregated(record=done, weights=weights))
     except Refused:

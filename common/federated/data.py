@@ -32,9 +32,13 @@ def shares(spec: FederatedSpec) -> dict[str, np.ndarray]:
     partitioned = spec.partitioned()
     if not partitioned:
         return {}
+    return dict(zip(partitioned, split(labels_of(spec), len(partitioned), spec.partition)))
+
+
+def labels_of(spec: FederatedSpec) -> np.ndarray:
+    """The training labels of the job's dataset (the one split over the partitioned devices)."""
     assert spec.dataset is not None, "a spec with partitioned devices names a dataset"
-    labels = _loaded(spec.dataset, spec.model).train.tensors[1].numpy()
-    return dict(zip(partitioned, split(labels, len(partitioned), spec.partition)))
+    return _loaded(spec.dataset, spec.model).train.tensors[1].numpy()
 
 
 def device_data(spec: FederatedSpec, device_id: str, indices: np.ndarray | None = None) -> TensorDataset:
@@ -52,6 +56,13 @@ def device_data(spec: FederatedSpec, device_id: str, indices: np.ndarray | None 
 def test_set(spec: FederatedSpec) -> TensorDataset:
     """The server's global test set: the test split of `test_dataset`."""
     return _loaded(spec.test_dataset, spec.model).test
+
+
+def own_test_set(spec: FederatedSpec, device_id: str) -> TensorDataset:
+    """The test split of the dataset `device_id` holds of its own (its held-out data)."""
+    device = next(d for d in spec.devices if d.device_id == device_id)
+    assert device.dataset is not None, "the device names a dataset of its own"
+    return _loaded(device.dataset, spec.model).test
 
 
 def num_classes(spec: FederatedSpec) -> int:

@@ -27,12 +27,13 @@ from ..limits import MAX_SEEDS
 from ..schemas import RelationVector, Seeds, Strict, TrainingOutcome
 from .plan import Assignment
 from .records import RoundRecord
-from .simulate import VECTOR, FederatedRun, simulate, twin_table
-from .spec import FederatedSpec
+from .simulate import FEDNOVA, VECTOR, FederatedRun, simulate, twin_table
+from .spec import DEADLINE, FederatedSpec
 from .vector import ProxyRuns, read_vector
 
 LABELS = {
-    "baseline1": "Baseline 1", "equation4": "eq. (4), equal steps", "edgetrain": "edgetrain (time-balanced)",
+    "baseline1": "Baseline 1", f"baseline1{DEADLINE}": "Baseline 1, partial work to the deadline", "equation4": "eq. (4), equal steps",
+    "edgetrain": "edgetrain (time-balanced)", f"edgetrain{FEDNOVA}": "edgetrain + FedNova (time-balanced)",
     f"equation4{VECTOR}": "eq. (4) + vector, equal steps", f"edgetrain{VECTOR}": "edgetrain + vector (time-balanced)",
 }  # fmt: skip
 
@@ -101,16 +102,21 @@ class FederatedEvaluationSpec(Strict):
         return self
 
     def run_spec(self, method: str, seed: int) -> FederatedSpec:
-        """The job of one run: `method` (without `+vector`) choosing every device's work, `seed` its seed."""
-        local = self.job.local.model_copy(update={"method": method.removesuffix(VECTOR)})
-        return self.job.model_copy(update={"seed": seed, "local": local})
+        """The job of one run: `method` (without `+vector` or `+fednova`) choosing every device's
+        work, aggregated with FedNova for a `+fednova` method and FedAvg otherwise, `seed` its seed."""
+        local = self.job.local.model_copy(update={"method": method.removesuffix(FEDNOVA).removesuffix(VECTOR)})
+        aggregation = self.job.aggregation.model_copy(update={"rule": "fednova" if method.endswith(FEDNOVA) else "fedavg"})
+        return self.job.model_copy(update={"seed": seed, "local": local, "aggregation": aggregation})
 
 
 class MethodSummary(Strict):
     """One method over the seeds: how many reached the target global accuracy, and over those,
     the rounds, the device time (s) and the fleet's energy (J) to it; the speed-up is Baseline
-    1's mean time over this method's (None unless both reached it with every seed). `plan`:
-    each device's assignment the first time it took part in the first seed's run."""
+    1's mean time over this method's (None unless both reached it with every seed). The global
+    model on the devices' held-out data at each run's last round (the target round where it
+    reached the target), over every seed: the mean over the devices, the worst device's
+    accuracy and the spread (std) over the devices (fractions). `plan`: each device's
+    assignment the first time it took part in the first seed's run."""
 
     method: str
     runs: int
@@ -119,6 +125,9 @@ class MethodSummary(Strict):
     time_to_target_s: MeanStd | None
     energy_to_target_j: MeanStd | None
     speedup_vs_baseline1: float | None
+    device_mean: MeanStd | None = None
+    device_worst: MeanStd | None = None
+    device_spread: MeanStd | None = None
     plan: list[Assignment]
 
 
@@ -178,12 +187,14 @@ def summarize(runs: list[FederatedRun], methods: list[str]) -> list[MethodSummar
     for method in methods:
         mine = sorted((r for r in runs if r.method == method), key=lambda r: r.seed)
         done = [r for r in mine if r.reached]
+        fair = [f for r in mine if r.rounds and (f := r.rounds[-1].fairness())]
         summaries.append(MethodSummary(
             method=method, runs=len(mine), reached=len(done),
             rounds=_spread([float(len(r.rounds)) for r in done]),
             time_to_target_s=_spread([r.time_to_target_s for r in done if r.time_to_target_s is not None]),
             energy_to_target_j=_spread([r.energy_to_target_j for r in done if r.energy_to_target_j is not None]),
-            speedup_vs_baseline1=None, plan=_first_plan(mine[0]) if mine else [],
+            speedup_vs_baseline1=None, device_mean=_spread([f.mean for f in fair]), device_worst=_spread([f.worst for f in fair]),
+            device_spread=_spread([f.spread for f in fair]), plan=_first_plan(mine[0]) if mine else [],
         ))  # fmt: skip
     baseline = next((s for s in summaries if s.method == "baseline1"), None)
     for s in summaries:

@@ -6,7 +6,9 @@ second under the cap) or Baseline 1. A round's local work is then either the sam
 steps for every device, so the round lasts as long as the slowest device's steps, or
 time-balanced (edgetrain): every device trains for about the same device time, the time the
 median device needs for `local_steps` steps, so a device slowed by its cap does fewer steps
-and a fast one more, and the round no longer waits for the slowest.
+and a fast one more, and the round no longer waits for the slowest. `baseline1-deadline`
+balances time the same way at Baseline 1's configuration (each device trains until the round's
+time budget: FedProx-style partial work), which separates time balancing from the (b, f) choice.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 from ..schemas import ProfileTable, RelationVector, Selection, Strict
 from ..selection import SelectionError, strategy_for
-from .spec import LocalWork
+from .spec import DEADLINE, TIME_BALANCED, LocalWork
 
 
 class Assignment(Strict):
@@ -63,13 +65,14 @@ def assign(devices: Sequence[DeviceInRound], work: LocalWork, vector: RelationVe
     for d in devices:
         flat = vector or RelationVector.uniform(d.table.batch_sizes)
         try:
-            choice = strategy_for(work.method, flat, power_envelope_w=d.power_envelope_w).choose(d.table, d.power_cap_w)
+            strategy = strategy_for(work.method.removesuffix(DEADLINE), flat, power_envelope_w=d.power_envelope_w)
+            choice = strategy.choose(d.table, d.power_cap_w)
         except SelectionError as exc:
             raise SelectionError(f"device {d.device_id}: {exc}") from exc
         step_s = per_step(d.table, d.table.time_s, choice)
         assert step_s is not None, "a chosen point is measured"
         chosen.append((d, choice, step_s))
-    steps = balanced_steps([s for *_, s in chosen], work) if work.method == "edgetrain" else [work.local_steps] * len(chosen)
+    steps = balanced_steps([s for *_, s in chosen], work) if work.method in TIME_BALANCED else [work.local_steps] * len(chosen)
     return [
         Assignment(
             device_id=d.device_id,

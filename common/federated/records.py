@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import statistics
 from datetime import datetime
 from enum import Enum
 
@@ -41,11 +42,35 @@ class DeviceRound(Strict):
     simulated: bool = True
 
 
+class Fairness(Strict):
+    """The global model on the devices' held-out data: the mean over the devices (fraction),
+    the worst device and its accuracy, and the spread (population standard deviation)."""
+
+    mean: float
+    worst: float
+    worst_device: str
+    spread: float
+
+    @classmethod
+    def of(cls, device_accuracy: dict[str, float]) -> Fairness | None:
+        """The summary of per-device accuracies (None without any)."""
+        if not device_accuracy:
+            return None
+        worst_device = min(sorted(device_accuracy), key=device_accuracy.__getitem__)
+        return cls(mean=statistics.fmean(device_accuracy.values()), worst=device_accuracy[worst_device], worst_device=worst_device,
+                   spread=statistics.pstdev(device_accuracy.values()))  # fmt: skip
+
+    def line(self) -> str:
+        """In words, accuracies in fractions."""
+        return f"mean {self.mean:.4f}, worst {self.worst:.4f} ({self.worst_device}), spread (std) {self.spread:.4f}"
+
+
 class RoundRecord(Strict):
     """One round: the global accuracy after it, its device time (s: its slowest participant,
     devices train side by side), the device time since the job started (s), the energy of
-    every participant's local steps (J), what each did, and the devices assigned whose update
-    did not arrive before the round closed (`missing`)."""
+    every participant's local steps (J), what each did, the devices assigned whose update
+    did not arrive before the round closed (`missing`), and the global model's accuracy on
+    every device's held-out data (`device_accuracy`, fraction; common/federated/fairness.py)."""
 
     round: int
     accuracy: float
@@ -54,6 +79,11 @@ class RoundRecord(Strict):
     energy_j: float
     devices: list[DeviceRound]
     missing: list[str] = Field(default_factory=list)
+    device_accuracy: dict[str, float] = Field(default_factory=dict, description="device id -> accuracy on its held-out data")
+
+    def fairness(self) -> Fairness | None:
+        """Mean, worst and spread of `device_accuracy` (None without it)."""
+        return Fairness.of(self.device_accuracy)
 
 
 class LocalUpdate(Strict):

@@ -1,6 +1,7 @@
 """One federated round's work, the same on the workers and in the in-process simulation: a
-device's local training from the global model (`train_round`), FedAvg over the updates that
-arrived, the global model's accuracy on the server's test set, and the round's record."""
+device's local training from the global model (`train_round`), the aggregation of the updates
+that arrived (`aggregate`: FedAvg or FedNova's normalized averaging) and the round's record;
+common/federated/fairness.py scores the global model."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from torch.utils.data import TensorDataset
 
 from ..devices.base import Device
 from ..schemas import LearningRatePolicy
-from ..training import Trainer, evaluate, make_optimizer
+from ..training import Trainer, make_optimizer
 from .plan import Assignment
 from .records import DeviceRound, RoundRecord
 from .spec import FederatedSpec
@@ -91,15 +92,61 @@ def train_round(
 
 
 def round_record(round_number: int, accuracy: float, trained: Sequence[DeviceRound], elapsed_before_s: float,
-                 assigned: Sequence[str] = ()) -> RoundRecord:  # fmt: skip
+                 assigned: Sequence[str] = (), device_accuracy: dict[str, float] | None = None) -> RoundRecord:  # fmt: skip
     """The record of an aggregated round: devices train side by side, so the round lasts as
-    long as its slowest update; `assigned` devices without an update are `missing`."""
+    long as its slowest update; `assigned` devices without an update are `missing`;
+    `device_accuracy`: the global model on each device's held-out data (common/federated/fairness.py)."""
     round_s = max((d.device_time_s for d in trained), default=0.0)
     return RoundRecord(
         round=round_number, accuracy=accuracy, device_time_s=round_s, elapsed_s=elapsed_before_s + round_s,
         energy_j=sum(d.energy_j for d in trained), devices=list(trained),
-        missing=sorted(set(assigned) - {d.assignment.device_id for d in trained}),
+        missing=sorted(set(assigned) - {d.assignment.device_id for d in trained}), device_accuracy=device_accuracy or {},
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Update:
+    """A device's update as the server aggregates it: its weights, the samples its device holds
+    (its weight in the average) and the work it was assigned."""
+
+    state: State
+    held_samples: int
+    assignment: Assignment
+
+
+def local_work(lr: LearningRatePolicy, assignment: Assignment, held_samples: int) -> float:
+    """A device's local work in a round, FedNova's normalizer a_i, in reference steps: its local
+    steps times the learning rate of its batch size (as `local_train` uses it) over `lr_ref`.
+    With Adam every step moves each weight by about the learning rate whatever the gradient's
+    scale, so an update's size grows with steps x lr; with plain SGD a_i would be the steps."""
+    return assignment.local_steps * lr.lr_for(min(assignment.batch_size, held_samples)) / lr.lr_ref
+
+
+def aggregate(spec: FederatedSpec, global_state: State, updates: Sequence[Update]) -> State:
+    """The next global weights from a round's updates by the job's `aggregation.rule`: `fedavg`
+    or `fednova` (normalized averaging with each device's `local_work`)."""
+    weighted = [(u.state, float(u.held_samples)) for u in updates]
+    if spec.aggregation.rule == "fedavg":
+        return fedavg(weighted)
+    return fednova(global_state, weighted, [local_work(spec.lr, u.assignment, u.held_samples) for u in updates])
+
+
+def fednova(global_state: State, updates: Sequence[tuple[State, float]], work: Sequence[float]) -> State:
+    """FedNova's normalized averaging (Wang et al., 2020): with p_i the updates' weights over
+    their sum and a_i > 0 each device's local work, w = w_g - tau_eff * sum_i p_i (w_g - w_i) / a_i
+    where tau_eff = sum_i p_i a_i: each update's change per unit of work, averaged, then taken
+    for the fleet's effective work. Equal work gives FedAvg; integer buffers as in `fedavg`."""
+    if len(work) != len(updates) or any(a <= 0 for a in work):
+        raise ValueError(f"every update needs a local work above 0, got {list(work)} for {len(updates)} updates")
+    merged = fedavg(updates)  # checks the weights; integer buffers from the most heavily weighted update
+    total = sum(w for _, w in updates)
+    tau_eff = sum(w / total * a for (_, w), a in zip(updates, work))
+    for key, value in global_state.items():
+        if value.is_floating_point():
+            start = value.double()
+            step = sum(((start - state[key].double()) * (w / total / a) for (state, w), a in zip(updates, work)), torch.zeros_like(start))
+            merged[key] = (start - tau_eff * step).to(value.dtype)
+    return merged
 
 
 def fedavg(updates: Sequence[tuple[State, float]]) -> State:
@@ -119,11 +166,3 @@ def fedavg(updates: Sequence[tuple[State, float]]) -> State:
         else:
             merged[key] = value.clone()
     return merged
-
-
-def global_accuracy(model: nn.Module, state: State, test: TensorDataset) -> float:
-    """Accuracy of the global weights `state` on the server's test set (fraction)."""
-    model.load_state_dict(state)
-    where = next(model.parameters()).device  # local training may have moved the model to the GPU
-    x, y = (t.to(where) for t in test.tensors)
-    return evaluate(model, x, y)[0]

@@ -15,20 +15,23 @@ from ..models import get_model
 from ..profiling import profile
 from ..schemas import LearningRatePolicy, ProfileTable, ProfilingOptions, RelationVector, Strict
 from ..workload import measure_workload
-from .data import device_data, num_classes, shares, test_set
+from .data import device_data, num_classes, shares
+from .fairness import score
 from .plan import DeviceInRound, assign, participants
 from .records import RoundRecord
-from .rounds import fedavg, global_accuracy, round_record, round_seed, train_round
+from .rounds import Update, aggregate, round_record, round_seed, train_round
 from .spec import FederatedDevice, FederatedSpec
 
 VECTOR = "+vector"  # a run's method with this suffix chose every (b, f) with a relation vector
+FEDNOVA = "+fednova"  # a run's method with this suffix aggregated with FedNova's normalized averaging
 
 
 class FederatedRun(Strict):
     """A federated job run to the target (or `max_rounds`) with one method and seed; figures
     from twins are SIMULATED."""
 
-    method: str = Field(description="the job's local.method; with `+vector` when a relation vector chose (b, f)")
+    method: str = Field(description="the job's local.method; with `+vector` when a relation vector chose (b, f), `+fednova` "
+                                     "when FedNova aggregated")  # fmt: skip
     seed: int
     initial_accuracy: float
     rounds: list[RoundRecord]
@@ -58,14 +61,13 @@ def simulate(
     model = initial_model(spec.model, spec.weights, classes)
     held = shares(spec)
     data = {d.device_id: device_data(spec, d.device_id, held.get(d.device_id)) for d in spec.devices}
-    test = test_set(spec)
     devices = {}
     for i, d in enumerate(spec.devices):
         board = SimulatedDevice(load_twin(twins[d.device_id]), seed=round_seed(spec.seed, 0, d.device_id) + i)
         board.bind_workload(measure_workload(spec.model, model, entry.example_input(classes)))
         devices[d.device_id] = board
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    first = global_accuracy(model, state, test)
+    first, _ = score(spec, model, state)
     rounds: list[RoundRecord] = []
     elapsed = energy = 0.0
     accuracy = first
@@ -79,16 +81,17 @@ def simulate(
         for a in plan:
             result, done = train_round(spec, model, state, data[a.device_id], a, r, devices[a.device_id])
             trained.append(done)
-            updates.append((result.state, float(len(data[a.device_id]))))
-        state = fedavg(updates)
-        accuracy = global_accuracy(model, state, test)
-        record = round_record(r, accuracy, trained, elapsed)
+            updates.append(Update(result.state, len(data[a.device_id]), a))
+        state = aggregate(spec, state, updates)
+        accuracy, held_out = score(spec, model, state)
+        record = round_record(r, accuracy, trained, elapsed, device_accuracy=held_out)
         elapsed, energy = record.elapsed_s, energy + record.energy_j
         rounds.append(record)
         if on_round:
             on_round(record)
     reached = accuracy >= spec.target_accuracy
     return FederatedRun(
-        method=spec.local.method + (VECTOR if vector else ""), seed=spec.seed, initial_accuracy=first, rounds=rounds, reached=reached,
+        method=spec.local.method + (VECTOR if vector else "") + (FEDNOVA if spec.aggregation.rule == "fednova" else ""),
+        seed=spec.seed, initial_accuracy=first, rounds=rounds, reached=reached,
         time_to_target_s=elapsed if reached else None, energy_to_target_j=energy if reached else None,
     )  # fmt: skip

@@ -14,7 +14,9 @@ from ..schemas import PAPER_BATCH_SIZES, CapSchedule, DatasetRef, LearningRatePo
 
 MAX_FEDERATED_DEVICES = 1000  # devices of one federated job (each holds a model per round)
 MAX_ROUNDS = 10_000
-METHODS = ("edgetrain", "equation4", "baseline1")
+DEADLINE = "-deadline"  # a method with this suffix trains its configuration time-balanced (to the round's time budget)
+METHODS = ("edgetrain", "equation4", "baseline1", f"baseline1{DEADLINE}")
+TIME_BALANCED = ("edgetrain", f"baseline1{DEADLINE}")  # methods whose devices train to the same device time per round
 
 
 class Partition(Strict):
@@ -53,10 +55,13 @@ class FederatedDevice(Strict):
 
 
 class Aggregation(Strict):
-    """FedAvg weighted by each update's local training samples; `mu` > 0 adds FedProx's
-    proximal term mu/2 * ||w - w_global||^2 to every local loss."""
+    """How a round's updates become the global model: `fedavg` (the updates' average weighted
+    by the samples each device holds) or `fednova` (normalized averaging: each update's change
+    divided by its device's local work, averaged with the same weights, rescaled by the
+    effective local work; common/federated/rounds.py); `mu` > 0 adds FedProx's proximal term
+    mu/2 * ||w - w_global||^2 to every local loss."""
 
-    rule: Literal["fedavg"] = "fedavg"
+    rule: Literal["fedavg", "fednova"] = "fedavg"
     mu: float = Field(0.0, ge=0, le=100, description="FedProx's mu (0: plain FedAvg)")
 
 
@@ -74,14 +79,16 @@ class LocalWork(Strict):
 
     `method`: `edgetrain` (each device's equation (4) choice under its cap, and local steps
     sized so that every device trains for the same device time per round), `equation4` (the
-    same choice, `local_steps` steps each) or `baseline1` (the largest batch that fits at the
-    cap's model-agnostic frequency, `local_steps` steps each). `local_steps`: steps per round
-    of the equal-steps methods, and of the device whose time sets edgetrain's round budget
-    (the median device)."""
+    same choice, `local_steps` steps each), `baseline1` (the largest batch that fits at the
+    cap's model-agnostic frequency, `local_steps` steps each) or `baseline1-deadline`
+    (Baseline 1's configuration, each device training until the round's time budget, as
+    edgetrain: FedProx-style partial work). `local_steps`: steps per round of the
+    equal-steps methods, and of the device whose time sets the time-balanced methods' round
+    budget (the median device)."""
 
-    method: Literal["edgetrain", "equation4", "baseline1"] = "edgetrain"
+    method: Literal["edgetrain", "equation4", "baseline1", "baseline1-deadline"] = "edgetrain"
     local_steps: int = Field(20, ge=1, le=100_000)
-    min_steps: int = Field(1, ge=1, le=100_000, description="edgetrain: the fewest steps a device trains in a round")
+    min_steps: int = Field(1, ge=1, le=100_000, description="time-balanced methods: the fewest steps a device trains in a round")
 
 
 class FederatedSpec(Strict):

@@ -8,14 +8,16 @@ from pydantic import ValidationError
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from edgetrain.common.federated.data import device_data, shares
+from edgetrain.common.federated.data import device_data, labels_of, shares
+from edgetrain.common.federated.data import test_set as server_test_set
 from edgetrain.common.federated.evaluation import PRESET, FederatedEvaluationSpec, preset, summarize
+from edgetrain.common.federated.fairness import score
 from edgetrain.common.federated.partition import MIN_SAMPLES, split
 from edgetrain.common.federated.plan import Assignment, DeviceInRound, assign, balanced_steps, participants
-from edgetrain.common.federated.records import DeviceRound, RoundRecord
-from edgetrain.common.federated.rounds import fedavg, local_train
+from edgetrain.common.federated.records import DeviceRound, Fairness, RoundRecord
+from edgetrain.common.federated.rounds import Update, aggregate, fedavg, fednova, local_train, local_work
 from edgetrain.common.federated.simulate import FederatedRun
-from edgetrain.common.federated.spec import FederatedSpec, LocalWork, Partition
+from edgetrain.common.federated.spec import Aggregation, FederatedSpec, LocalWork, Partition
 from edgetrain.common.schemas import LearningRatePolicy, ProfileTable
 from edgetrain.common.selection import SelectionError
 
@@ -113,13 +115,22 @@ def test_time_balanced_steps_give_every_device_about_the_median_devices_time() -
     assert [a.local_steps for a in plan] == [10, 2, 40, 5, 17]
 
 
+def test_partial_work_to_a_deadline_keeps_baseline1s_configuration_and_balances_its_time() -> None:
+    fleet = [DeviceInRound(f"d{k}", "t", 5.5, _scaled(TABLE, factor)) for k, factor in enumerate([1.0, 5.0, 0.25])]
+    plan = assign(fleet, LocalWork(method="baseline1-deadline", local_steps=10))
+    fixed = assign(fleet, LocalWork(method="baseline1", local_steps=10))
+    assert [(a.batch_size, a.frequency_hz, a.strategy) for a in plan] == [(a.batch_size, a.frequency_hz, a.strategy) for a in fixed]
+    # Baseline 1's b=32 at 200 Hz: 0.75 s a step on d0 (the median), 3.75 s on d1, 0.1875 s on d2; a 7.5 s budget
+    assert [a.local_steps for a in plan] == [10, 2, 40]
+
+
 def test_balanced_steps_keep_at_least_min_steps() -> None:
     assert balanced_steps([1.0, 2.0, 100.0], LocalWork(method="edgetrain", local_steps=4, min_steps=3)) == [8, 4, 3]
 
 
 def test_a_cap_no_configuration_meets_names_the_device() -> None:
     fleet = [DeviceInRound("nano-1", "jetson-nano", None, TABLE), DeviceInRound("nano-2", "jetson-nano", 1.5, TABLE)]
-    for method in ("edgetrain", "equation4", "baseline1"):
+    for method in ("edgetrain", "equation4", "baseline1", "baseline1-deadline"):
         with pytest.raises(SelectionError, match=r"^device nano-2: power cap 1.50 W is below what any configuration needs"):
             assign(fleet, LocalWork(method=method))
 
@@ -151,6 +162,42 @@ def test_fedavg_refuses_no_updates_and_weights_that_sum_to_zero() -> None:
         fedavg([])
     with pytest.raises(ValueError, match=r"update weights must sum above 0, got \[0.0, 0.0\]"):
         fedavg([({"w": torch.ones(1)}, 0.0), ({"w": torch.zeros(1)}, 0.0)])
+
+
+def _work(steps: int, batch_size: int = 16) -> Assignment:
+    return Assignment(device_id="d", device_type="t", power_cap_w=None, batch_size=batch_size, frequency_hz=1, local_steps=steps,
+                      expected_time_s=1.0, expected_energy_j=None, strategy="equation4")  # fmt: skip
+
+
+def test_fednova_divides_each_change_by_its_local_work_and_rescales_by_the_effective_work() -> None:
+    start = {"w": torch.tensor([0.0, 1.0]), "n": torch.tensor(1)}
+    fast = {"w": torch.tensor([2.0, 3.0]), "n": torch.tensor(4)}  # change (2, 2) in 1 unit of work
+    slow = {"w": torch.tensor([10.0, -9.0]), "n": torch.tensor(9)}  # change (10, -10) in 10 units
+    merged = fednova(start, [(fast, 1.0), (slow, 1.0)], [1.0, 10.0])
+    # per unit of work (2, 2) and (1, -1), averaged (1.5, 0.5), times tau_eff = (1 + 10) / 2 = 5.5, from the start
+    assert torch.allclose(merged["w"], torch.tensor([8.25, 1.0 + 2.75]))
+    assert torch.allclose(fedavg([(fast, 1.0), (slow, 1.0)])["w"], torch.tensor([6.0, -3.0]))  # FedAvg differs
+    assert merged["n"].item() == 4  # integer buffers as FedAvg takes them (the first of equal weights)
+    weighted = fednova(start, [(fast, 3.0), (slow, 1.0)], [1.0, 10.0])
+    # p = (3/4, 1/4): tau_eff = 0.75 + 2.5 = 3.25; per unit (0.75 * 2 + 0.25 * 1, 0.75 * 2 - 0.25) = (1.75, 1.25)
+    assert torch.allclose(weighted["w"], torch.tensor([3.25 * 1.75, 1.0 + 3.25 * 1.25]))
+    same = fednova(start, [(fast, 3.0), (slow, 1.0)], [4.0, 4.0])  # equal work: FedAvg
+    assert torch.allclose(same["w"], fedavg([(fast, 3.0), (slow, 1.0)])["w"])
+    with pytest.raises(ValueError, match=r"every update needs a local work above 0, got \[1.0, 0.0\]"):
+        fednova(start, [(fast, 1.0), (slow, 1.0)], [1.0, 0.0])
+
+
+def test_local_work_counts_steps_and_the_batch_sizes_learning_rate_and_the_job_chooses_the_rule() -> None:
+    lr = LearningRatePolicy(lr_ref=1e-3, b_ref=64, rule="sqrt")
+    assert local_work(lr, _work(10, 64), 500) == pytest.approx(10.0)
+    assert local_work(lr, _work(10, 16), 500) == pytest.approx(5.0)  # lr_16 = lr_ref * sqrt(16 / 64)
+    assert local_work(lr, _work(10, 64), 16) == pytest.approx(5.0)  # a device holding 16 samples trains batches of 16
+    start = {"w": torch.zeros(1)}
+    updates = [Update({"w": torch.tensor([1.0])}, 100, _work(1, 64)), Update({"w": torch.tensor([8.0])}, 100, _work(4, 64))]
+    spec = FederatedSpec.model_validate(SPEC | {"lr": {"lr_ref": 1e-3, "b_ref": 64}})
+    assert aggregate(spec, start, updates)["w"].item() == pytest.approx(4.5)  # FedAvg by default
+    nova = spec.model_copy(update={"aggregation": Aggregation(rule="fednova")})
+    assert aggregate(nova, start, updates)["w"].item() == pytest.approx(2.5 * 1.5)  # per step (1, 2), tau_eff 2.5
 
 
 def test_fedprox_keeps_the_local_model_closer_to_the_global_weights() -> None:
@@ -194,7 +241,10 @@ def test_the_spec_refuses_a_wrong_kind_repeated_devices_and_missing_data_naming_
         SPEC | {"devices": [{"device_id": "a"}, {"device_id": "b", "power_cap_w": 0}]}
     )
     assert "partition.scheme: Input should be 'iid', 'shards' or 'dirichlet'" in _problems(SPEC | {"partition": {"scheme": "zipf"}})
-    assert "local.method: Input should be 'edgetrain', 'equation4' or 'baseline1'" in _problems(SPEC | {"local": {"method": "fastest"}})
+    assert "local.method: Input should be 'edgetrain', 'equation4', 'baseline1' or 'baseline1-deadline'" in _problems(
+        SPEC | {"local": {"method": "fastest"}}
+    )
+    assert "aggregation.rule: Input should be 'fedavg' or 'fednova'" in _problems(SPEC | {"aggregation": {"rule": "fedprox"}})
 
 
 def test_devices_with_their_own_data_need_no_job_dataset_and_the_others_share_it() -> None:
@@ -212,13 +262,54 @@ def test_devices_with_their_own_data_need_no_job_dataset_and_the_others_share_it
     assert len(device_data(spec, "c")) == len(held["a"]) + len(held["b"])  # its own dataset: the whole training split
 
 
-def _run(method: str, seed: int, round_times_s: list[float], reached: bool) -> FederatedRun:
-    """A run whose rounds each took `round_times_s` (device s) and 2 J, one device taking part."""
+class _Always(nn.Module):
+    """Predicts from its bias alone, whatever the input."""
+
+    def __init__(self, classes: int):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bias.expand(len(x), -1)
+
+
+def test_each_device_is_scored_on_held_out_data_like_its_own() -> None:
+    spec = FederatedSpec.model_validate(
+        SPEC
+        | {
+            "partition": {"scheme": "shards", "shards_per_device": 1},
+            "devices": [{"device_id": "a"}, {"device_id": "b"}],
+        }
+    )
+    always_zero = {"bias": torch.eye(10)[0]}
+    accuracy, devices = score(spec, _Always(10), always_zero)
+    test_labels = server_test_set(spec).tensors[1]
+    assert accuracy == pytest.approx(float((test_labels == 0).float().mean()))
+    for device_id, held in shares(spec).items():  # per-class accuracy (1 for class 0, else 0) weighted by its share's labels
+        assert devices[device_id] == pytest.approx(float((labels_of(spec)[held] == 0).mean()))
+    assert max(devices.values()) > 0.15 > min(devices.values()) == 0.0  # sorted shards: one device holds the zeros
+    own = FederatedSpec.model_validate(SPEC | {"devices": [{"device_id": "a"}, {"device_id": "c", "dataset": {"name": "digits"}}]})
+    _, with_own = score(own, _Always(10), always_zero)
+    assert with_own["c"] == pytest.approx(accuracy)  # its own dataset's test split: here the same digits
+
+
+def test_fairness_is_the_mean_the_worst_device_and_the_spread() -> None:
+    fair = Fairness.of({"a": 0.9, "b": 0.5, "c": 0.7})
+    assert (fair.mean, fair.worst, fair.worst_device) == (pytest.approx(0.7), 0.5, "b")
+    assert fair.spread == pytest.approx((0.08 / 3) ** 0.5)
+    assert fair.line() == "mean 0.7000, worst 0.5000 (b), spread (std) 0.1633"
+    assert Fairness.of({}) is None
+
+
+def _run(method: str, seed: int, round_times_s: list[float], reached: bool, worst: float = 0.5) -> FederatedRun:
+    """A run whose rounds each took `round_times_s` (device s) and 2 J, one device taking part;
+    the global model scores `worst` and 0.9 on the devices' held-out data."""
     work = Assignment(device_id="d", device_type="t", power_cap_w=None, batch_size=8, frequency_hz=1, local_steps=1,
                       expected_time_s=1.0, expected_energy_j=None, strategy=method)  # fmt: skip
     elapsed = [sum(round_times_s[: k + 1]) for k in range(len(round_times_s))]
     rounds = [RoundRecord(round=k + 1, accuracy=0.5, device_time_s=t, elapsed_s=e, energy_j=2.0,
-                          devices=[DeviceRound(assignment=work, device_time_s=t, energy_j=2.0, samples=8)])
+                          devices=[DeviceRound(assignment=work, device_time_s=t, energy_j=2.0, samples=8)],
+                          device_accuracy={"d": 0.9, "e": worst})
               for k, (t, e) in enumerate(zip(round_times_s, elapsed))]  # fmt: skip
     return FederatedRun(method=method, seed=seed, initial_accuracy=0.1, rounds=rounds, reached=reached,
                         time_to_target_s=elapsed[-1] if reached else None, energy_to_target_j=2.0 * len(rounds) if reached else None)  # fmt: skip
@@ -228,9 +319,15 @@ def test_the_summary_is_over_the_seeds_that_reached_and_speeds_up_only_where_eve
     runs = [
         _run("baseline1", 0, [1.0, 1.0, 1.0, 1.0], True), _run("baseline1", 1, [1.0, 1.0], True),
         _run("edgetrain", 0, [0.5, 0.5], True), _run("edgetrain", 1, [0.5], True),
-        _run("equation4", 0, [1.0], True), _run("equation4", 1, [1.0] * 5, False),
+        _run("equation4", 0, [1.0], True, worst=0.3), _run("equation4", 1, [1.0] * 5, False, worst=0.1),
     ]  # fmt: skip
     baseline, balanced, equal = summarize(runs, ["baseline1", "edgetrain", "equation4"])
+    assert (baseline.device_worst.mean, baseline.device_mean.mean, baseline.device_spread.mean) == (
+        0.5,
+        pytest.approx(0.7),
+        pytest.approx(0.2),
+    )
+    assert (equal.device_worst.mean, equal.device_worst.std) == (pytest.approx(0.2), pytest.approx(0.1))  # every seed, reached or not
     assert (baseline.reached, baseline.rounds.mean, baseline.rounds.std) == (2, 3.0, 1.0)
     assert (baseline.time_to_target_s.mean, baseline.energy_to_target_j.mean) == (3.0, 6.0)
     assert balanced.time_to_target_s.mean == 0.75 and balanced.time_to_target_s.std == 0.25

@@ -61,6 +61,7 @@ def test_a_federated_job_trains_one_model_in_rounds_to_its_target(cluster, tmp_p
     job_id = out.splitlines()[0]
     assert "round 1: global accuracy" in err and f"federated job {job_id}: completed" in out
     assert "SIMULATED" in out
+    assert re.search(r"round \d+, the global model on each device's held-out data: mean 0\.\d+, worst 0\.\d+ \((nano|tx2|orin)-f\)", out)
     assert main(["status", job_id, "--json", "--redis-url", cluster.url]) == ExitCode.ok
     assert json.loads(capsys.readouterr().out)["state"]["phase"] == "completed"
     assert main(["cancel", job_id, "--redis-url", cluster.url]) == ExitCode.finished
@@ -74,6 +75,7 @@ def test_a_federated_job_trains_one_model_in_rounds_to_its_target(cluster, tmp_p
     assert state.phase == "completed", (state.reason, [e.line() for e in status.events])
     assert state.accuracy >= 0.8 and rounds[-1].accuracy == state.accuracy
     rounds_are_whole(status)
+    assert all(set(r.device_accuracy) == set(FLEET) for r in rounds)  # every device scored in every round, taking part or not
     first = {d.assignment.device_id: d.assignment for d in rounds[0].devices}
     assert set(first) == set(FLEET) and all(d.simulated for r in rounds for d in r.devices)
     # time-balanced: the capped Nano trains fewer steps than the Orin, for about the same device time
@@ -81,6 +83,18 @@ def test_a_federated_job_trains_one_model_in_rounds_to_its_target(cluster, tmp_p
     times = [d.device_time_s for d in rounds[0].devices]
     assert max(times) < 2.5 * min(times), times
     assert rounds[-1].elapsed_s == pytest.approx(sum(r.device_time_s for r in rounds)) == pytest.approx(state.elapsed_s)
+
+
+def test_a_fednova_job_with_partial_work_to_the_deadline_trains_to_its_target_on_the_workers(cluster, capsys) -> None:
+    client = EdgeTrainClient(cluster.url)
+    job_id = client.submit(spec() | {"aggregation": {"rule": "fednova"}, "local": {"method": "baseline1-deadline", "local_steps": 8}})
+    status = client.wait_federated(job_id, timeout_s=300)
+    assert status.state.phase == "completed", (status.state.reason, [e.line() for e in status.events])
+    rounds_are_whole(status)
+    first = {d.assignment.device_id: d.assignment for d in status.rounds[0].devices}
+    assert {a.strategy for a in first.values()} == {"baseline1"} and first["nano-f"].local_steps < first["orin-f"].local_steps
+    assert main(["status", job_id, "--redis-url", cluster.url]) == ExitCode.ok
+    assert "3 devices, baseline1-deadline local work, fednova" in capsys.readouterr().out
 
 
 def test_a_malformed_federated_spec_is_refused_with_every_bad_field_and_nothing_stored(cluster, tmp_path, capsys) -> None:

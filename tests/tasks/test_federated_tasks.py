@@ -5,12 +5,15 @@ its aggregation written down, aggregated into a new global model, and the next r
 
 import pytest
 import redis
+import torch
 
+from edgetrain.common.artifacts import get_state, initial_model
 from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
 from edgetrain.common.federated.events import Accepted
 from edgetrain.common.federated.records import AggregateRequest, FederatedRecord, Phase, TrainRequest
+from edgetrain.common.federated.rounds import Update, aggregate, local_work
 from edgetrain.common.federated.simulate import twin_table
-from edgetrain.common.federated.spec import FederatedSpec
+from edgetrain.common.federated.spec import Aggregation, FederatedSpec
 from edgetrain.common.keys import table_id, table_resource
 from edgetrain.common.models import get_model
 from edgetrain.common.security import artifact_path
@@ -96,6 +99,34 @@ def test_a_round_opens_trains_once_per_device_closes_aggregates_and_the_next_ope
     bind("a")
     assert federated_train(requests["a"]) == Accepted.late.value  # its round closed
     assert federated_advance(JOB) == Phase.training.value and s.federated.state(JOB).round == 2
+
+
+def test_a_fednova_job_is_aggregated_by_the_server_with_normalized_averaging(s, table) -> None:
+    job = "fedtasknova1"
+    capped = [SPEC.devices[0].model_copy(update={"power_cap_w": 2.5}), SPEC.devices[1]]  # a: b=16 at 2.5 W, b: b=32
+    nova = SPEC.model_copy(update={"aggregation": Aggregation(rule="fednova"), "devices": capped})
+    s.federated.create(FederatedRecord(job_id=job, spec=nova))
+    s.resources.put_table(table)
+    federated_advance(job)
+    requests = {r.device_id: r for r in train_requests(s).values() if r.job_id == job}
+    for device_id in ("a", "b"):
+        bind(device_id)
+        assert federated_train(requests[device_id]) == Accepted.accepted.value
+    assert federated_advance(job) == Phase.aggregating.value
+    accepted, _ = s.federated.updates(job, s.federated.state(job))
+    work = {d: local_work(nova.lr, u.trained.assignment, u.held_samples) for d, u in accepted.items()}
+    assert work["a"] == pytest.approx(work["b"] / 2**0.5)  # 3 steps each, at lr_16 = lr_32 / sqrt(2)
+    start = {k: v.detach().clone() for k, v in initial_model(nova.model, nova.weights, 10).state_dict().items()}
+    updates = [
+        Update(get_state(u.weights, context.settings().artifact_dir), u.held_samples, u.trained.assignment) for u in accepted.values()
+    ]
+    federated_aggregate(AggregateRequest(job_id=job, round=1))
+    merged = get_state(s.federated.state(job).global_weights, context.settings().artifact_dir)
+    expected, plain = aggregate(nova, start, updates), aggregate(SPEC, start, updates)
+    assert all(torch.allclose(merged[k], expected[k]) for k in expected)
+    assert not all(torch.allclose(merged[k], plain[k]) for k in plain)  # not FedAvg
+    (done,) = s.federated.rounds(job)
+    assert set(done.device_accuracy) == {"a", "b"} and done.fairness().worst <= done.fairness().mean
 
 
 def test_a_profile_that_failed_for_the_job_fails_it_instead_of_being_claimed_again(s, table) -> None:

@@ -45,11 +45,15 @@ def test_a_tiny_federated_evaluation_prints_the_table_and_writes_the_json_and_th
         "| method | seeds reached | rounds | time to target (device s, SIMULATED) | speed-up vs Baseline 1 | fleet energy to target (J, SIMULATED) |"
         in out
     )
-    assert "| device | twin | cap | Baseline 1 | eq. (4), equal steps | edgetrain (time-balanced) |" in out
+    assert ("| device | twin | cap | Baseline 1 | Baseline 1, partial work to the deadline | eq. (4), equal steps | edgetrain (time-balanced) "
+            "| edgetrain + FedNova (time-balanced) |") in out  # fmt: skip
+    assert ("| method | mean over devices | worst device | spread (std over devices) | worst device vs Baseline 1 (points) |\n"
+            "|---|---|---|---|---|\n| Baseline 1 | ") in out  # fmt: skip
     assert "| nano-1 | jetson-nano | 5 W | " in out and "| tx2-1 | jetson-tx2-nx | none | " in out
 
     evaluation = FederatedEvaluation.model_validate_json((tmp / "out" / "federated.json").read_text())
-    assert [(r.method, r.seed) for r in evaluation.runs] == [(m, s) for m in ("baseline1", "equation4", "edgetrain") for s in (0, 1)]
+    methods = ("baseline1", "baseline1-deadline", "equation4", "edgetrain", "edgetrain+fednova")
+    assert [(r.method, r.seed) for r in evaluation.runs] == [(m, s) for m in methods for s in (0, 1)]
     assert evaluation.simulated and all(r.simulated for r in evaluation.runs)
     for summary in evaluation.summary:
         runs = [r for r in evaluation.runs if r.method == summary.method]
@@ -60,12 +64,22 @@ def test_a_tiny_federated_evaluation_prints_the_table_and_writes_the_json_and_th
         for run in runs:
             assert run.rounds and all(r.accuracy >= 0 and r.device_time_s > 0 and r.energy_j > 0 for r in run.rounds)
             assert run.reached == (run.rounds[-1].accuracy >= 0.5)
+            assert all(set(r.device_accuracy) == {"nano-1", "tx2-1", "orin-1"} for r in run.rounds)
             if run.reached:
                 assert run.time_to_target_s == pytest.approx(sum(r.device_time_s for r in run.rounds))
-    baseline, _, balanced = evaluation.summary
+    baseline, deadline, _, balanced, nova = evaluation.summary
     assert baseline.speedup_vs_baseline1 == pytest.approx(1.0)
     assert all(a.local_steps == 5 for a in baseline.plan)
     assert len({a.local_steps for a in balanced.plan}) > 1  # time-balanced: the devices' steps differ
+    # partial work to the deadline: Baseline 1's configurations, time-balanced steps; FedNova: edgetrain's work, aggregated otherwise
+    assert [(a.batch_size, a.frequency_hz) for a in deadline.plan] == [(a.batch_size, a.frequency_hz) for a in baseline.plan]
+    assert len({a.local_steps for a in deadline.plan}) > 1
+    assert nova.plan == balanced.plan
+    accuracy = {r.method: [x.accuracy for x in r.rounds] for r in evaluation.runs if r.seed == 0}
+    assert accuracy["edgetrain+fednova"][0] != accuracy["edgetrain"][0]  # the same local work, aggregated otherwise
+    for summary in evaluation.summary:
+        worst = [min(r.rounds[-1].device_accuracy.values()) for r in evaluation.runs if r.method == summary.method]
+        assert summary.device_worst.mean == pytest.approx(sum(worst) / 2) and summary.device_worst.mean <= summary.device_mean.mean
     assert all(s.reached == 2 for s in evaluation.summary)  # target 0.5 on digits: 5 to 8 rounds
     assert balanced.speedup_vs_baseline1 == pytest.approx(baseline.time_to_target_s.mean / balanced.time_to_target_s.mean)
     assert f"{balanced.speedup_vs_baseline1:.2f}x" in out

@@ -15,13 +15,16 @@ def federated_job_line(j: FederatedStatus) -> str:
 
 
 def format_federated(status: FederatedStatus) -> str:
-    """The job's phase, its rounds so far (global accuracy, device time, energy), the open
-    round's assignments and the newest events; figures from twins say SIMULATED."""
+    """The job's phase, its rounds so far (global accuracy, the worst device's accuracy on its
+    held-out data, device time, energy), the last round's mean, worst and spread over the
+    devices, the open round's assignments and the newest events; figures from twins say
+    SIMULATED."""
     spec, state = status.record.spec, status.state
     accuracy = "none yet" if state.accuracy is None else f"{state.accuracy:.4f}"
     lines = [
         f"federated job {status.record.job_id}: {state.phase.value}, round {state.round} of at most {spec.max_rounds}; "
-        f"global accuracy {accuracy} (target {spec.target_accuracy}); {len(spec.devices)} devices, {spec.local.method} local work"
+        f"global accuracy {accuracy} (target {spec.target_accuracy}); {len(spec.devices)} devices, {spec.local.method} local work, "
+        f"{spec.aggregation.rule}"
     ]
     if state.reason:
         lines.append(f"  {state.reason}")
@@ -29,10 +32,14 @@ def format_federated(status: FederatedStatus) -> str:
         lines.append(f"  waiting: {state.notice}")
     simulated = any(d.simulated for r in status.rounds for d in r.devices)
     if status.rounds:
-        lines.append(f"  {'round':>5}  {'accuracy':>8}  {'device s':>9}  {'elapsed s':>9}  {'energy J':>9}  updates  missing")
+        lines.append(f"  {'round':>5}  {'accuracy':>8}  {'worst device':>12}  {'device s':>9}  {'elapsed s':>9}  {'energy J':>9}  "
+                     "updates  missing")  # fmt: skip
         for r in status.rounds:
-            lines.append(f"  {r.round:>5}  {r.accuracy:>8.4f}  {r.device_time_s:>9.3f}  {r.elapsed_s:>9.3f}  {r.energy_j:>9.2f}  "
-                         f"{len(r.devices):>7}  {', '.join(r.missing) or '-'}")  # fmt: skip
+            worst = f"{f.worst:.4f}" if (f := r.fairness()) else "-"
+            lines.append(f"  {r.round:>5}  {r.accuracy:>8.4f}  {worst:>12}  {r.device_time_s:>9.3f}  {r.elapsed_s:>9.3f}  "
+                         f"{r.energy_j:>9.2f}  {len(r.devices):>7}  {', '.join(r.missing) or '-'}")  # fmt: skip
+        if fair := status.rounds[-1].fairness():
+            lines.append(f"  round {status.rounds[-1].round}, the global model on each device's held-out data: {fair.line()}")
     if status.rounds and status.rounds[-1].devices:
         last = status.rounds[-1]
         each = "; ".join(f"{d.assignment.device_id} b={d.assignment.batch_size} x{d.assignment.local_steps} {d.device_time_s:.3f} s "

@@ -1,6 +1,7 @@
 """A federated evaluation as text: per method the rounds, device time and fleet energy to the
-target global accuracy (mean ± std over seeds) and the speed-up over Baseline 1, then each
-device's configuration and local steps per method; Markdown tables, device figures SIMULATED."""
+target global accuracy (mean ± std over seeds) and the speed-up over Baseline 1, the global
+model on each device's held-out data (mean, worst device, spread), then each device's
+configuration and local steps per method; Markdown tables, device figures SIMULATED."""
 
 from __future__ import annotations
 
@@ -22,6 +23,18 @@ def summary_table(evaluation: FederatedEvaluation) -> list[str]:
     ])  # fmt: skip
 
 
+def fairness_table(evaluation: FederatedEvaluation) -> list[str]:
+    """One line per method: the global model on each device's held-out data at each run's last
+    round (mean over the devices, worst device, spread), and the worst device against Baseline 1's."""
+    baseline = next((s.device_worst for s in evaluation.summary if s.method == "baseline1"), None)
+    rows = []
+    for s in evaluation.summary:
+        gap = f"{100 * (s.device_worst.mean - baseline.mean):+.1f}" if s.device_worst and baseline else "-"
+        rows.append([LABELS[s.method], *(spread_cell(v) if v else "-" for v in (s.device_mean, s.device_worst, s.device_spread)), gap])
+    head = ["method", "mean over devices", "worst device", "spread (std over devices)", "worst device vs Baseline 1 (points)"]
+    return markdown_table(head, rows)
+
+
 def plan_table(evaluation: FederatedEvaluation) -> list[str]:
     """One line per device: its twin and cap, and per method b @ MHz x local steps per round
     with the device time per round the table expects (s)."""
@@ -41,10 +54,11 @@ def job_line(job: FederatedSpec) -> str:
              "shards": f"{job.partition.shards_per_device} label shards per device"}[scheme]  # fmt: skip
     data = f"{job.dataset.name} in {split} (seed {job.partition.seed})" if job.dataset and job.partitioned() else "their own data"
     prox = f", FedProx mu = {job.aggregation.mu:g}" if job.aggregation.mu > 0 else ""
+    rule = "FedAvg (FedNova for the + FedNova methods)"
     return (
         f"{job.model} from {job.weights} on {len(job.devices)} devices holding {data}; target global accuracy "
         f"{job.target_accuracy:g} on the test split of {job.test_dataset.name}; {job.local.local_steps} local steps per round "
-        f"(edgetrain: the median device's), FedAvg{prox}, {job.participation.fraction:.0%} of the devices per round, "
+        f"(time-balanced: the median device's), {rule}{prox}, {job.participation.fraction:.0%} of the devices per round, "
         f"at most {job.max_rounds} rounds."
     )
 
@@ -63,12 +77,15 @@ def format_federated_evaluation(evaluation: FederatedEvaluation) -> str:
     return "\n".join([
         f"## {evaluation.name or 'federated evaluation'}", "",
         "Device figures are SIMULATED (twins): device time and energy come from the twins' models; the global "
-        "accuracy comes from real training (FedAvg of every device's local steps on its own real data).", "",
+        "accuracy comes from real training (every device's local steps on its own real data, aggregated).", "",
         f"Job: {job_line(spec.job)} Seeds {spec.seeds}; wall time {evaluation.wall_s:.0f} s.", "",
         *([vector_line(evaluation.vector), ""] if evaluation.vector else []),
         "To the target global accuracy (mean ± std over the seeds that reached it; a round lasts as long as its slowest "
         "device, the fleet's energy is every device's):", "",
         *summary_table(evaluation), "",
+        "Accuracy of the global model on each device's held-out data at each run's last round (the target round where it "
+        "reached the target; mean ± std over the seeds):", "",
+        *fairness_table(evaluation), "",
         "Batch size @ GPU MHz x local steps per round (the device time per round the table expects, SIMULATED):", "",
         *plan_table(evaluation),
     ])  # fmt: skip
