@@ -20,7 +20,8 @@ from edgetrain.workers.processes.cluster import EmbeddedRedis, LocalCluster
 
 pytestmark = pytest.mark.e2e
 DEFAULTS = Settings()
-RECOVERY_S = DEFAULTS.lease_ttl_s + DEFAULTS.reaper_interval_s + 15  # stated bound after the holder stops
+# the stated bound after the holder stops, with slack for a machine that runs other tests beside
+RECOVERY_S = DEFAULTS.lease_ttl_s + DEFAULTS.reaper_interval_s + 30
 NANO_TABLE = table_id("jetson-nano", "smallcnn", [1, 28, 28])
 
 
