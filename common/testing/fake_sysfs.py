@@ -51,8 +51,11 @@ class FakeBoard:
         return (self.devfreq / name).read_text().strip()
 
     def write(self, name: str, value: object) -> None:
-        """Set the devfreq attribute `name`, as the kernel would accept it."""
-        (self.devfreq / name).write_text(f"{value}\n")
+        """Set the devfreq attribute `name`, as the kernel would accept it, at once (a reader in
+        another thread never sees it half written, as with the kernel's attributes)."""
+        staged = self.devfreq / f".{name}.new"
+        staged.write_text(f"{value}\n")
+        os.replace(staged, self.devfreq / name)
 
     def settings(self) -> tuple[int, int, str]:
         """(min_freq, max_freq, governor) now."""
