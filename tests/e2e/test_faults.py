@@ -105,7 +105,10 @@ def test_a_redis_restart_while_a_device_profiles_loses_nothing(tmp_path, redis_a
         redis_aof.kill()
         time.sleep(3)
         redis_aof.start()
-        status = client.wait(job_id, timeout_s=300)
+        try:
+            status = client.wait(job_id, timeout_s=300)
+        except TimeoutError:
+            pytest.fail(f"not finished: {[e.line() for e in client.status(job_id).events]}")
         assert status.state.value == "completed", [e.line() for e in status.events]
         assert cluster.store().resources.table(NANO_TABLE) is not None
 
