@@ -53,8 +53,8 @@ from typing import Any
 from bench.runs import EVAL_EVERY, MAX_SAMPLES, pretrained, reference_run, table, vector
 from edgetrain.common.devices.simulated import load_twin
 from edgetrain.common.finetune.adaptive import AdaptiveControl, CapFollower
-from edgetrain.common.finetune.closed_loop import ClosedLoop, LoopSettings, RecordIdentity
-from edgetrain.common.finetune.learned import DataIdentity, Envelope, FinetuneRecord
+from edgetrain.common.finetune.closed_loop import ClosedLoop, LoopSettings
+from edgetrain.common.finetune.learned import DataIdentity, Envelope, FinetuneRecord, RecordIdentity
 from edgetrain.common.finetune.trust import ProxyCheck, proxy_check, trust_width
 from edgetrain.common.schemas import DeviceTarget, LearningRatePolicy, ProfileTable, RelationVector, Selection
 from edgetrain.common.selection import Baseline1, Equation4, Oracle, SelectionError
@@ -228,7 +228,9 @@ def replay(curves: Curves, tbl: ProfileTable, cap: float | None, envelope: list[
     follower = CapFollower(DeviceTarget(device_id="replayed", power_cap_w=cap), lambda: None, poll_s=0.0)
     adaptive = AdaptiveControl(device, trainer, lr, tbl, Equation4(prior), follower, cap, initial.frequency_hz)  # type: ignore[arg-type]
     data = DataIdentity(name=st.target.dataset["name"], fraction=st.target.dataset.get("fraction", 1.0))
-    identity = RecordIdentity(f"{row}:{index}", MODEL, curves.weights, data, st.target.accuracy, lr, EVAL_EVERY, row[0], seed)
+    identity = RecordIdentity(record_id=f"{row}:{index}", model=MODEL, weights=curves.weights, data=data,
+                              target_accuracy=st.target.accuracy, lr=lr, eval_every_samples=EVAL_EVERY,
+                              device_type=row[0], seed=seed)  # fmt: skip
     loop = ClosedLoop(adaptive, prior, lambda: records, identity, settings, trust=trust, power_envelope_w=envelope)
     run = DeviceTotals()
     choice = loop.start(run)

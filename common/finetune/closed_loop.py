@@ -32,13 +32,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..devices.base import Measurement
-from ..schemas import ExplorationReport, LearningRatePolicy, RelationVector, TrainingOutcome, VectorProvenance
+from ..schemas import ExplorationReport, RelationVector, TrainingOutcome, VectorProvenance
 from ..selection import SelectionError
 from ..training import DeviceTotals
 from .adaptive import AdaptiveControl
 from .belief import PAPER_TRUST, Belief, belief
 from .exploration import Believed, Choice, ExplorationPolicy, Pinned, baseline1_per_sample_s, candidates
-from .learned import DataIdentity, FinetuneRecord, Segment
+from .learned import FinetuneRecord, RecordIdentity, Segment
 
 
 @dataclass(frozen=True)
@@ -306,27 +306,3 @@ class ClosedLoop:
         if self.exploration is not None and self.exploration.outcome and self.exploration.measured_at_samples is not None:
             more = "kept: nothing is predicted faster" if kept else f"left: {note.split('; ')[-1]}"
             self.exploration = self.exploration.model_copy(update={"outcome": f"{self.exploration.outcome}; {more}"})
-
-
-@dataclass(frozen=True)
-class RecordIdentity:
-    """What a fine-tune's record says about the run besides its curve."""
-
-    record_id: str
-    model: str
-    weights: str
-    data: DataIdentity
-    target_accuracy: float
-    lr: LearningRatePolicy
-    eval_every_samples: int
-    device_type: str
-    seed: int
-
-    def record(self, segments: list[Segment], outcome: TrainingOutcome | None, prior_key: str | None,
-               posterior: RelationVector | None, power_cap_w: float | None) -> FinetuneRecord:  # fmt: skip
-        """The record of a run with these segments (and its outcome, once finished)."""
-        return FinetuneRecord(
-            **vars(self), power_cap_w=power_cap_w, segments=[s.model_copy() for s in segments],
-            reached=bool(outcome and outcome.reached), samples_to_accuracy=outcome.samples_to_accuracy if outcome else None,
-            prior_key=prior_key, posterior=posterior,
-        )  # fmt: skip

@@ -30,6 +30,7 @@ from ..schemas import (
     LearningRatePolicy,
     RelationVector,
     Strict,
+    TrainingOutcome,
     VectorProvenance,
     utc_now,
 )
@@ -74,8 +75,8 @@ class Segment(Strict):
     curve: list[tuple[int, float, float | None]] = Field(default_factory=list)
 
 
-class FinetuneRecord(Strict):
-    """What a completed fine-tune measured on the device's own data."""
+class RecordIdentity(Strict):
+    """What a fine-tune's record says about the run besides its curve and outcome."""
 
     record_id: str = Field(description="<job id>:<device id>")
     model: str
@@ -85,8 +86,22 @@ class FinetuneRecord(Strict):
     lr: LearningRatePolicy
     eval_every_samples: int
     device_type: str
-    power_cap_w: float | None = Field(description="the cap in force at the start (W; None = no cap)")
     seed: int
+
+    def record(self, segments: list[Segment], outcome: TrainingOutcome | None, prior_key: str | None,
+               posterior: RelationVector | None, power_cap_w: float | None) -> FinetuneRecord:  # fmt: skip
+        """The record of a run with these segments (and its outcome, once finished)."""
+        return FinetuneRecord(
+            **dict(self), power_cap_w=power_cap_w, segments=[s.model_copy() for s in segments],
+            reached=bool(outcome and outcome.reached), samples_to_accuracy=outcome.samples_to_accuracy if outcome else None,
+            prior_key=prior_key, posterior=posterior,
+        )  # fmt: skip
+
+
+class FinetuneRecord(RecordIdentity):
+    """What a completed fine-tune measured on the device's own data."""
+
+    power_cap_w: float | None = Field(description="the cap in force at the start (W; None = no cap)")
     segments: list[Segment] = Field(min_length=1)
     reached: bool
     samples_to_accuracy: int | None

@@ -48,8 +48,8 @@ from ..workload import measure_workload
 from .adaptive import AdaptiveControl, CapFollower
 from .belief import PAPER_TRUST
 from .checkpoints import checkpoint_name, load_checkpoint, remove_checkpoints, save_checkpoint
-from .closed_loop import ClosedLoop, RecordIdentity
-from .learned import DataIdentity, FinetuneRecord, learned_vector
+from .closed_loop import ClosedLoop
+from .learned import DataIdentity, FinetuneRecord, RecordIdentity, learned_vector
 
 logger = logging.getLogger(__name__)
 SPLIT_SEED = 0  # the train/test split every fine-tune of a dataset uses
@@ -235,8 +235,9 @@ class FineTune:
         if control is None or o.vector is None or o.data is None:
             return None
         closed = r.objective.name == "time" and r.target.configuration is None
-        identity = RecordIdentity(f"{r.job_id}:{r.device_id}", r.model, r.weights, o.data, r.target_accuracy, r.lr,
-                                  r.eval_every_samples, self.device.device_type, r.seed)  # fmt: skip
+        identity = RecordIdentity(record_id=f"{r.job_id}:{r.device_id}", model=r.model, weights=r.weights, data=o.data,
+                                  target_accuracy=r.target_accuracy, lr=r.lr, eval_every_samples=r.eval_every_samples,
+                                  device_type=self.device.device_type, seed=r.seed)  # fmt: skip
         similar = learned_vector(o.similar, o.vector, similar=True)  # records of similar data move the prior toward them
         prior = similar.model_copy(update={"key": o.vector.key}) if similar else o.vector
         loop = ClosedLoop(control, prior, o.records if closed else list, identity, seen=len(self.totals.history), trust=o.trust,

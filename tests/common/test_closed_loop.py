@@ -12,9 +12,9 @@ import pytest
 from edgetrain.common.devices.base import Measurement
 from edgetrain.common.finetune.adaptive import AdaptiveControl, CapFollower
 from edgetrain.common.finetune.belief import PAPER_TRUST
-from edgetrain.common.finetune.closed_loop import ClosedLoop, LoopSettings, RecordIdentity
+from edgetrain.common.finetune.closed_loop import ClosedLoop, LoopSettings
 from edgetrain.common.finetune.exploration import ExplorationPolicy
-from edgetrain.common.finetune.learned import DataIdentity, FinetuneRecord, Segment, learned_vector
+from edgetrain.common.finetune.learned import DataIdentity, FinetuneRecord, RecordIdentity, Segment, learned_vector
 from edgetrain.common.schemas import DeviceTarget, LearningRatePolicy, ProfileTable, RelationVector
 from edgetrain.common.selection import Equation4
 from edgetrain.common.testing.devices import ReplayDevice
@@ -30,7 +30,8 @@ PRIOR = RelationVector(batch_sizes=[8, 32, 128], ratios=[0.6, 0.8, 1.0], samples
 TRUTH = {8: 1.0, 32: 1 / 0.7, 128: 1.0}  # e_b on the device's data: b=32 needs 0.7 of b=8's samples
 P0, TARGET = 2000.0, 0.99  # the target is reached at p = P0 ln 100
 POLICY = LearningRatePolicy()
-IDENTITY = RecordIdentity("job:dev", "m", "init:0", DataIdentity(name="d", fraction=1.0), TARGET, POLICY, 256, "recorded", 0)
+IDENTITY = RecordIdentity(record_id="job:dev", model="m", weights="init:0", data=DataIdentity(name="d", fraction=1.0),
+                          target_accuracy=TARGET, lr=POLICY, eval_every_samples=256, device_type="recorded", seed=0)  # fmt: skip
 
 
 def loss_at(p: float) -> float:
