@@ -84,18 +84,18 @@ def consume(queues: list[str], name: str, role: str, concurrency: int, loglevel:
         note(f"warning: {finding.problem}; fix: {finding.fix}")
     info = WorkerInfo(node=node, role=role, queues=queues, hostname=socket.gethostname(), pid=os.getpid(), findings=found)
     heartbeat = Heartbeat(store, settings, info, device)
-    heartbeat.first_beat(settings.heartbeat_ttl_s + settings.heartbeat_s, note)
-    heartbeat.start()
     reaper = Reaper(store, context.app(), settings) if role == "control" else None
-    if reaper:
-        reaper.start()
-    hold_leases()
-    watch_stopped_tasks()
-    worker_shutting_down.connect(lambda **_: _shutting_down(store, heartbeat.instance), weak=False,
-                                 dispatch_uid="edgetrain-shutting-down")  # fmt: skip
-    use_log_format(settings.log_format, device.device_id if device else None)
-    logger.info("worker %s consuming %s", node, ",".join(queues))
-    try:
+    try:  # from the first beat on, a shutdown signal (SystemExit) leaves the registry in `finally`
+        heartbeat.first_beat(settings.heartbeat_ttl_s + settings.heartbeat_s, note)
+        heartbeat.start()
+        if reaper:
+            reaper.start()
+        hold_leases()
+        watch_stopped_tasks()
+        worker_shutting_down.connect(lambda **_: _shutting_down(store, heartbeat.instance), weak=False,
+                                     dispatch_uid="edgetrain-shutting-down")  # fmt: skip
+        use_log_format(settings.log_format, device.device_id if device else None)
+        logger.info("worker %s consuming %s", node, ",".join(queues))
         worker = context.app().Worker(
             hostname=node, queues=queues, concurrency=concurrency, pool_cls="prefork", loglevel=loglevel, task_events=True
         )

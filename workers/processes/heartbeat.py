@@ -110,7 +110,8 @@ class Heartbeat(threading.Thread):
         """Stop beating and leave the registry (and the fleet, unless another worker serves the
         device now)."""
         self.stopped.set()
-        self.join(timeout=1)
+        if self.is_alive():
+            self.join(timeout=1)
         if self.replaced:
             return
         try:
