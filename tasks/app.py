@@ -56,6 +56,10 @@ def broker_url(redis_url: str) -> str:
     return "redis+socket://" + redis_url.removeprefix("unix://") if redis_url.startswith("unix://") else redis_url
 
 
+# kombu's wait before retry n is interval_start + n * interval_step, at most interval_max (s): about 30 s in all
+PATIENT_PUBLISH = {"max_retries": 12, "interval_start": 0.1, "interval_step": 0.5, "interval_max": 4.0}
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Every Celery setting edgetrain relies on, the same in every process of a cluster."""
     url = broker_url(settings.redis_url)
@@ -113,8 +117,10 @@ def time_limits(settings: Settings) -> dict[str, dict[str, int]]:
 
 
 def configure(settings: Settings, task_modules: tuple[str, ...] = TASK_MODULES) -> Celery:
-    """Configure the worker app from `settings` and import the task modules it runs."""
-    app.conf.update(celery_config(settings), include=list(task_modules))
+    """Configure the worker app from `settings` and import the task modules it runs. A worker
+    sends its tasks patiently, as its store writes (common/store/connection.py): a Redis restart
+    holds a send up instead of failing the task that sends."""
+    app.conf.update(celery_config(settings), task_publish_retry_policy=PATIENT_PUBLISH, include=list(task_modules))
     enable_signing(app, settings)
     app.loader.import_default_modules()
     return app

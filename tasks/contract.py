@@ -8,6 +8,7 @@ Queues: `server` (proxy training and pre-training, scaled by adding server worke
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from enum import Enum
 from typing import Any
 
@@ -149,13 +150,16 @@ def _argsrepr(body: dict[str, Any] | str) -> str:
 
 
 def send_tracked(
-    app: Celery, ledger: TaskLedger, task: TaskName, payload: BaseModel | str, queue: str | None = None, job_id: str | None = None
-) -> AsyncResult:
-    """`send`, written down in the ledger first (common/store/ledger.py): a message Redis loses
-    is sent again by the reaper until the task has run."""
-    sent = to_track(task, payload, queue, job_id)
-    ledger.record(sent)
-    return send_again(app, sent)
+    app: Celery, ledger: TaskLedger, task: TaskName, payloads: Sequence[BaseModel | str], queue: str | None = None,
+    job_id: str | None = None,
+) -> None:  # fmt: skip
+    """`send` `task` once per payload, all written down in the ledger first (common/store/ledger.py):
+    a message Redis loses, or one never sent because the sender stopped midway (a Redis outage
+    past the publish retries, a crash), is sent again by the reaper until the task has run."""
+    tracked = [to_track(task, payload, queue, job_id) for payload in payloads]
+    ledger.record(tracked)
+    for sent in tracked:
+        send_again(app, sent)
 
 
 def to_track(task: TaskName, payload: BaseModel | str, queue: str | None = None, job_id: str | None = None) -> SentTask:

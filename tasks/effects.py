@@ -35,7 +35,7 @@ def claim_and_profile(job_id: str, effect: ClaimAndProfile, log: Log) -> None:
             request.device_id,
             {"table": effect.table_id, "rows": ",".join(map(str, request.batch_sizes)), "mode": request.options.mode},
         )
-        send_tracked(app, s.ledger, TaskName.profile_device, request, device_queue(request.device_id), job_id)
+        send_tracked(app, s.ledger, TaskName.profile_device, [request], device_queue(request.device_id), job_id)
 
 
 def claim_and_estimate(job_id: str, effect: ClaimAndEstimate, log: Log) -> None:
@@ -48,4 +48,4 @@ def claim_and_estimate(job_id: str, effect: ClaimAndEstimate, log: Log) -> None:
         send(app, TaskName.advance_job, job_id)
     elif s.coordination.claim(resource, job_id):
         log(f"estimating relation vector {effect.vector_key} on the server queue", None, {"vector": effect.vector_key})
-        send_tracked(app, s.ledger, TaskName.estimate_relation_vector, effect.request, job_id=job_id)
+        send_tracked(app, s.ledger, TaskName.estimate_relation_vector, [effect.request], job_id=job_id)

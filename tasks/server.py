@@ -52,8 +52,9 @@ def estimate_relation_vector(request: EstimationRequest) -> EstimateResult:
         raise TaskFailed(reason) from exc
     runs = [(b, seed) for b, seed in grid(request) if (b, seed) not in done]
     job_id = claiming_job(s.coordination.holder(resource))
-    for b, seed in runs:
-        send_tracked(app, s.ledger, TaskName.train_proxy, ProxyRunRequest(request=request, batch_size=b, seed=seed, job_id=job_id))
+    send_tracked(
+        app, s.ledger, TaskName.train_proxy, [ProxyRunRequest(request=request, batch_size=b, seed=seed, job_id=job_id) for b, seed in runs]
+    )
     if not runs:  # every run is recorded, but the vector is not: its aggregation was cut short
         aggregate_when_complete(request)
     return EstimateResult(vector_key=key, cached=False, runs_dispatched=len(runs))

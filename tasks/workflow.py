@@ -52,8 +52,7 @@ logger = get_task_logger(__name__)
 def notify_waiters(resource: str) -> None:
     """A table or vector is ready (or failed): advance every job waiting for it (a wake-up
     that must not be lost: it is in the ledger of sent tasks until it has run)."""
-    for job_id in store().coordination.take_waiters(resource):
-        send_tracked(app, store().ledger, TaskName.advance_job, job_id)
+    send_tracked(app, store().ledger, TaskName.advance_job, store().coordination.take_waiters(resource))
 
 
 def fail_resource(resource: str, reason: str) -> None:
@@ -63,8 +62,7 @@ def fail_resource(resource: str, reason: str) -> None:
     c = store().coordination
     holder, waiting = c.holder(resource), c.take_waiters(resource)
     c.fail(resource, reason, waiting + ([token_job(holder)] if holder else []))
-    for job_id in sorted(set(waiting + c.take_waiters(resource))):
-        send_tracked(app, store().ledger, TaskName.advance_job, job_id)
+    send_tracked(app, store().ledger, TaskName.advance_job, sorted(set(waiting + c.take_waiters(resource))))
 
 
 class _Reader:

@@ -10,6 +10,7 @@ idempotent: running it twice produces the same record."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 import redis
@@ -38,10 +39,11 @@ class TaskLedger:
     def __init__(self, client: redis.Redis, keys: Keys):
         self._redis, self._keys = client, keys
 
-    def record(self, sent: SentTask) -> None:
-        """Write `sent` down before it is sent."""
+    def record(self, sent: Sequence[SentTask]) -> None:
+        """Write every task of `sent` down (one transaction) before any is sent."""
         with self._redis.pipeline() as p:
-            self.write(p, sent)
+            for task in sent:
+                self.write(p, task)
             p.execute()
 
     def write(self, p: Pipeline, sent: SentTask) -> None:

@@ -1,6 +1,6 @@
 """The package's Celery app sends and consumes only once configured from the settings: a script
 that imports the tasks and sends before configuring gets an error naming EDGETRAIN_REDIS_URL,
-never Celery's default broker (amqp://localhost)."""
+never Celery's default broker (amqp://localhost). A worker's send rides out a Redis restart."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import sys
 import redis
 
 from edgetrain.common.settings import Settings
+from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.tasks import context
 from edgetrain.tasks.contract import CONTROL_QUEUE
+from edgetrain.workers.processes.cluster import EmbeddedRedis
 
 UNCONFIGURED = """
 import sys
@@ -49,3 +51,38 @@ def test_once_configured_it_sends_to_the_settings_redis(redis_server) -> None:
     advance_job.delay("j1")
     assert broker.llen(CONTROL_QUEUE) == 1
     broker.delete(CONTROL_QUEUE)
+
+
+SEND_THROUGH_A_RESTART = """
+import sys, threading
+from pathlib import Path
+from edgetrain.common.settings import Settings
+from edgetrain.tasks import context
+from edgetrain.workers.processes.cluster import EmbeddedRedis
+server = EmbeddedRedis(Path(sys.argv[1]), persistent=True)
+try:
+    context.init(Settings(redis_url=server.url), ("edgetrain.tasks.workflow",))
+    from edgetrain.tasks.workflow import advance_job
+    server.kill()  # before its first send: a pool process's first task connects anew
+    restart = threading.Timer(8.0, server.start)
+    restart.start()
+    advance_job.delay("j1")
+    restart.join()
+    print(server.url)
+finally:
+    server.stop()
+"""
+
+
+def test_a_worker_sends_through_a_redis_restart(tmp_path) -> None:
+    """A task sent while Redis restarts (8 s) waits for it, as the worker's store does, instead
+    of failing the task that sends (Celery's own retries give up after about 4 s). In a
+    process of its own: the app keeps its broker connections once made."""
+    done = subprocess.run([sys.executable, "-c", SEND_THROUGH_A_RESTART, str(tmp_path / "redis")], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    server = EmbeddedRedis(tmp_path / "redis", persistent=True)  # the same data, from its append-only file
+    try:
+        assert [t.args for t in queued_tasks(redis.Redis.from_url(server.url), CONTROL_QUEUE)] == [["j1"]]
+    finally:
+        server.stop()

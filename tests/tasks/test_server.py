@@ -1,8 +1,10 @@
 """The server tasks in this process against a real Redis: a relation vector whose proxy runs are
-all in but which is not stored (it no longer loaded and was set aside) is aggregated again."""
+all in but which is not stored (it no longer loaded and was set aside) is aggregated again; an
+estimation cut short while it sends its runs leaves every run to the reaper."""
 
 import pytest
 import redis
+from kombu.exceptions import OperationalError
 
 from edgetrain.common.estimation import aggregate
 from edgetrain.common.keys import vector_key, vector_resource
@@ -10,7 +12,7 @@ from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import JobSpec, TrainingOutcome
 from edgetrain.common.settings import Settings
 from edgetrain.common.testing.broker import queued_tasks
-from edgetrain.tasks import context
+from edgetrain.tasks import context, contract
 from edgetrain.tasks.contract import CONTROL_QUEUE, SERVER_QUEUE, TaskName
 from edgetrain.tasks.server import estimate_relation_vector
 
@@ -39,3 +41,22 @@ def test_a_vector_set_aside_is_aggregated_again_from_its_runs(s, redis_server) -
     assert s.coordination.holder(vector_resource(key)) is None and s.coordination.take_waiters(vector_resource(key)) == []
     assert [(t.name, t.payload) for t in queued_tasks(broker, CONTROL_QUEUE)] == [(TaskName.advance_job.value, "j1")]
     assert [r.key for r in s.resources.set_asides()] == [s.keys.vector(key)]
+
+
+def test_an_estimation_cut_short_while_it_sends_its_runs_leaves_every_run_in_the_ledger(s, redis_server, monkeypatch) -> None:
+    """A Redis outage past the publish retries stops the fan-out at its second run: every run
+    was written down first, so the reaper sends the rest (tasks/reaper.py `resend_lost`)."""
+    request = JobSpec.model_validate(quick_job(batch_sizes=[16, 32, 64])).estimation_request()
+    sent = []
+
+    def send_until_the_outage(app, sent_task):
+        if sent:
+            raise OperationalError("Error 111 connecting to redis.sock. Connection refused.")
+        sent.append(sent_task)
+
+    monkeypatch.setattr(contract, "send_again", send_until_the_outage)
+    with pytest.raises(OperationalError):
+        estimate_relation_vector(request)
+    ledger = s.ledger.unseen_since(float("inf"), 100)
+    assert sorted((t.task, t.payload["batch_size"]) for t in ledger) == [(TaskName.train_proxy.value, b) for b in (16, 32, 64)]
+    assert [t.payload["batch_size"] for t in sent] == [16]
