@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgetrain.common.control_axis import ControlAxis
@@ -17,13 +16,13 @@ from edgetrain.common.schemas import DeviceInfo, JobSpec, RunReport, Selection
 from edgetrain.common.settings import Settings
 from edgetrain.common.store import Lease, WorkerInfo, Written
 from edgetrain.tasks.contract import HANDED_ON
-from edgetrain.workers.processes.exporter import registry
+from edgetrain.workers.processes.exporter import scrape as exposition
 
 DEVICES = [{"device_id": "nano-1", "power_cap_w": 3.0}, {"device_id": "tx2nx-1", "power_cap_w": 5.0}]
 
 
 def scrape(store) -> dict[tuple[str, tuple], float]:
-    text = generate_latest(registry(store, Settings(redis_url="redis://unused:1/0"))).decode()
+    text = exposition(store, Settings(redis_url="redis://unused:1/0")).decode()
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(text) for sample in family.samples
