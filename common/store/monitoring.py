@@ -77,6 +77,9 @@ end
 return cjson.encode(out)
 """
 
+EVENT_BINDINGS = "_kombu.binding.celeryev"  # kombu's bindings of the `celeryev` exchange (not under edgetrain's prefix)
+KOMBU_SEPARATOR = "\x06\x16"  # between a binding's routing key, pattern and queue
+
 
 def _json_list(raw: str) -> list:
     """A script's JSON reply as a list (cjson writes an empty table as `{}`)."""
@@ -184,6 +187,10 @@ class Monitoring:
             for job_id, state in pairs:
                 self._as_json(args=["SMEMBERS", self._keys.parts_in(job_id, state.value)], client=p)
             return {pair: _json_list(members) for pair, members in zip(pairs, p.execute())}
+
+    def event_routing_keys(self) -> list[str]:
+        """The routing keys of the receivers bound to Celery's event exchange (kombu's bindings)."""
+        return [member.split(KOMBU_SEPARATOR)[0] for member in texts(self._redis.smembers(EVENT_BINDINGS))]
 
     def queue_lengths(self, queues: list[str]) -> dict[str, int]:
         """Messages waiting in each broker queue (Celery's Redis transport: a list per queue; one round trip)."""
