@@ -50,7 +50,7 @@ def test_a_heartbeat_is_one_command_and_a_taken_id_writes_nothing(store) -> None
     store.fleet.register(info("a"), ttl_s=30, instance="wa")
     after = calls()
     ran = {c.removeprefix("cmdstat_"): n - before.get(c, 0) for c, n in after.items() if n != before.get(c, 0)}
-    inside = {"get": 1, "set": 2, "sadd": 1, "zadd": 1, "time": 1}  # what the script runs
+    inside = {"get": 1, "set": 2, "sadd": 1, "zadd": 1, "time": 1, "hset": 1}  # what the script runs (hset: its labels, for metrics)
     assert ran == {"evalsha": 1, "info": 1, **inside}  # one script call sent (and INFO, which counts)
     seen = store.fleet.last_seen("a")
     assert store.fleet.device("a").heartbeat_at is not None and seen is not None and store.fleet.owner("a") == "wa"
