@@ -84,8 +84,9 @@ def consume(queues: list[str], name: str, role: str, concurrency: int, loglevel:
     for finding in found:
         note(f"warning: {finding.problem}; fix: {finding.fix}")
     info = WorkerInfo(node=node, role=role, queues=queues, hostname=socket.gethostname(), pid=os.getpid(), findings=found)
-    gate = TaskEventsGate(store) if role == "control" else None  # its tasks are many and short
-    heartbeat = Heartbeat(store, settings, info, device, on_beat=gate.update if gate else lambda: None)
+    if role == "control":  # its tasks are many and short
+        TaskEventsGate(store)
+    heartbeat = Heartbeat(store, settings, info, device)
     reaper = Reaper(store, context.app(), settings) if role == "control" else None
     try:  # from the first beat on, a shutdown signal (SystemExit) leaves the registry in `finally`
         heartbeat.first_beat(settings.heartbeat_ttl_s + settings.heartbeat_s, note)

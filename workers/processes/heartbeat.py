@@ -25,10 +25,9 @@ logger = logging.getLogger(__name__)
 class Heartbeat(threading.Thread):
     """Announces the worker (and its device) every `settings.heartbeat_s` seconds."""
 
-    def __init__(self, store: Store, settings: Settings, worker: WorkerInfo, device: DeviceInfo | None = None,
-                 on_beat: Callable[[], None] = lambda: None):  # fmt: skip
+    def __init__(self, store: Store, settings: Settings, worker: WorkerInfo, device: DeviceInfo | None = None):
         super().__init__(name="edgetrain-heartbeat", daemon=True)
-        self.store, self.settings, self.worker, self.device, self.on_beat = store, settings, worker, device, on_beat
+        self.store, self.settings, self.worker, self.device = store, settings, worker, device
         self.instance = f"{worker.node}:{worker.pid}"
         self.stopped = threading.Event()
         self.replaced = False  # another worker serves the device id now: this one stops
@@ -40,7 +39,6 @@ class Heartbeat(threading.Thread):
         if self.device is not None:
             self.store.fleet.register(self.device, self.settings.heartbeat_ttl_s, self.instance, replaces)
         self.watch_identity()
-        self.on_beat()
 
     def watch_identity(self) -> None:
         """Learn the store's identity (creating it in a new store); when the one known before
