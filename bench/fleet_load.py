@@ -238,14 +238,12 @@ def scrape_run(devices: int, repeat: int = 10) -> dict:
     """One job over `devices` registered devices, every fine-tune dispatched (the parts moved
     there through the store, as the control worker would; no worker runs): (median, p99) of a
     scrape of the exporter's collector (ms)."""
-    from prometheus_client import generate_latest
-
     from edgetrain.common.control_axis import ControlAxis
     from edgetrain.common.jobs.events import Dispatched, Identified
     from edgetrain.common.payloads import finetune_request
     from edgetrain.common.schemas import Selection
     from edgetrain.workers.processes.cluster import EmbeddedRedis
-    from edgetrain.workers.processes.exporter import registry
+    from edgetrain.workers.processes.exporter import scrape
 
     with tempfile.TemporaryDirectory() as tmp:
         server = EmbeddedRedis(Path(tmp))
@@ -261,8 +259,8 @@ def scrape_run(devices: int, repeat: int = 10) -> dict:
                 request = finetune_request("scraped", spec, target, choice, "table", "vector")
                 store.jobs.apply("scraped", target.device_id, Dispatched(device=identity, token=target.device_id, request=request,
                                                                          selection=choice, estimated_time_to_accuracy_s=1.0))  # fmt: skip
-            collector = registry(store, Settings(redis_url=server.url, redis_url_file=None))
-            median, p99 = timed_ms(lambda: generate_latest(collector), repeat=repeat)
+            settings = Settings(redis_url=server.url, redis_url_file=None)
+            median, p99 = timed_ms(lambda: scrape(store, settings), repeat=repeat)
         finally:
             server.stop()
     return {"devices": devices, "scrape_ms": {"median": median, "p99": p99}}

@@ -4,10 +4,12 @@
     <p>:fleet:ids                          set of device ids
     <p>:fleet:device:<id>                  DeviceInfo JSON, expires without heartbeat
     <p>:fleet:seen                         zset device id -> last heartbeat (Redis time, s)
+    <p>:fleet:labels                       hash device id -> its metrics labels, JSON [type, backend, simulated]
     <p>:fleet:owner:<id>                   the worker instance serving a device id (expires)
     <p>:fleet:jobs:<id>                    set of jobs with an unfinished part on the device
     <p>:fleet:running                      hash device id -> the job whose fine-tune an attempt runs there now
     <p>:fleet:cap:<id>                     hash: the power cap set on the device while it runs
+    <p>:fleet:caps                         hash device id -> the power cap set on it (W), for metrics
     <p>:workers                            zset worker node -> last heartbeat (Redis time, s)
     <p>:worker:<node>                      WorkerInfo JSON: role, queues, host, pid
     <p>:leases                             zset task id -> last renewal (Redis time, s)
@@ -155,6 +157,9 @@ class Keys:
     def fleet_seen(self) -> str:
         return f"{self.prefix}:fleet:seen"
 
+    def fleet_labels(self) -> str:
+        return f"{self.prefix}:fleet:labels"
+
     def fleet_awaited(self) -> str:
         return f"{self.prefix}:fleet:awaited"
 
@@ -169,6 +174,9 @@ class Keys:
 
     def device_cap(self, device_id: str) -> str:
         return f"{self.prefix}:fleet:cap:{checked_id(device_id, 'device_id')}"
+
+    def fleet_caps(self) -> str:
+        return f"{self.prefix}:fleet:caps"
 
     def workers(self) -> str:
         return f"{self.prefix}:workers"

@@ -17,6 +17,7 @@ from edgetrain.common.settings import Settings
 from .contract import CONTROL_QUEUE, FIXED_ROUTES, TaskName
 from .signing import enable_signing, signing_config
 from .tls import tls_config
+from .transport import reuse_redis_clients
 
 TASK_MODULES = (
     "edgetrain.tasks.workflow",
@@ -120,6 +121,7 @@ def configure(settings: Settings, task_modules: tuple[str, ...] = TASK_MODULES) 
     """Configure the worker app from `settings` and import the task modules it runs. A worker
     sends its tasks patiently, as its store writes (common/store/connection.py): a Redis restart
     holds a send up instead of failing the task that sends."""
+    reuse_redis_clients()
     app.conf.update(celery_config(settings), task_publish_retry_policy=PATIENT_PUBLISH, include=list(task_modules))
     enable_signing(app, settings)
     app.loader.import_default_modules()
@@ -128,6 +130,7 @@ def configure(settings: Settings, task_modules: tuple[str, ...] = TASK_MODULES) 
 
 def producer_app(settings: Settings) -> Celery:
     """An app that sends tasks by name (no task module imported, so no PyTorch)."""
+    reuse_redis_clients()
     producer = Celery("edgetrain-producer", set_as_current=False)
     producer.conf.update(celery_config(settings))
     enable_signing(producer, settings)

@@ -33,9 +33,8 @@ from edgetrain.common.keys import table_resource, vector_resource
 from edgetrain.common.limits import RECORDS_KEPT
 from edgetrain.common.payloads import FinetuneRequest, JobPage, device_page
 from edgetrain.common.schemas import (
+    DeviceInfo,
     DeviceTarget,
-    ProfileTable,
-    RelationVector,
     utc_now,
 )
 from edgetrain.common.store import Applied, SetAside, Store, token_job
@@ -66,16 +65,17 @@ def fail_resource(resource: str, reason: str) -> None:
 
 
 class _Reader:
-    """Reads what the planner needs for one page of a job: its devices in one round trip,
-    each table, vector and failure once; a vector's failure only where the vector is missing
-    (a stored table may not serve, so its failure is read in any case)."""
+    """Reads what the planner needs for one page of a job, given its registered devices: the
+    tables and vectors of their types in one command, the tables' failures in another (a
+    stored table may not serve, so its failure is read in any case), a vector's failure only
+    where the vector is missing."""
 
-    def __init__(self, s: Store, record: JobRecord, targets: list[DeviceTarget]):
-        self.s, self.job_id, self.spec, self.record = s, record.job_id, record.spec, record
-        self._devices = s.fleet.devices_by_id([t.device_id for t in targets])
-        self._tables: dict[str, ProfileTable | None] = {}
-        self._vectors: dict[str, RelationVector | None] = {}
-        self._failures: dict[str, ResourceFailure | None] = {}
+    def __init__(self, s: Store, record: JobRecord, devices: dict[str, DeviceInfo]):
+        self.s, self.job_id, self.spec, self.record, self._devices = s, record.job_id, record.spec, record, devices
+        needed = [resource_ids(self.spec, t) for t in {d.device_type for d in devices.values()}]
+        tids, vkeys = sorted({t for t, _ in needed}), sorted({v for _, v in needed})
+        self._tables, self._vectors = s.resources.tables_and_vectors(tids, vkeys, self._set_aside)
+        self._failures: dict[str, ResourceFailure | None] = s.coordination.failures([table_resource(t) for t in tids])
 
     def view(self, target: DeviceTarget, part: DevicePart) -> PartView:
         s = self.s
@@ -89,10 +89,6 @@ class _Reader:
                 cancelled_at=self.record.cancelled_at, submitted_at=self.record.created_at,
             )  # fmt: skip
         tid, vkey = resource_ids(self.spec, device.device_type)
-        if tid not in self._tables:
-            self._tables[tid] = s.resources.table(tid, self._set_aside)
-        if vkey not in self._vectors:
-            self._vectors[vkey] = s.resources.vector(vkey, self._set_aside)
         return PartView(
             self.job_id, self.spec, target, part, device,
             table=self._tables[tid],
@@ -165,9 +161,10 @@ def _advance_page(record: JobRecord, page: int) -> str:
     size = settings().page_size
     targets = spec.devices[page * size : (page + 1) * size]
     refusal = _refusal(record)  # a spec written past the client
-    reader = _Reader(s, record, targets)
+    parts, devices = s.jobs.parts_and_devices(job_id, [t.device_id for t in targets])
+    reader = _Reader(s, record, devices)
     finished: JobState | None = None
-    for target, part in zip(targets, s.jobs.parts(job_id, [t.device_id for t in targets])):
+    for target, part in zip(targets, parts):
         if part.state in TERMINAL:
             continue
         if refusal:

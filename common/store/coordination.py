@@ -103,6 +103,11 @@ class Coordination:
         raw = self._redis.get(self._keys.failure(resource))
         return ResourceFailure.model_validate_json(raw) if raw else None
 
+    def failures(self, resources: list[str]) -> dict[str, ResourceFailure | None]:
+        """`failure` of each of `resources` (one command)."""
+        raws = self._redis.mget([self._keys.failure(r) for r in resources]) if resources else []
+        return {r: ResourceFailure.model_validate_json(raw) if raw else None for r, raw in zip(resources, raws)}
+
     def clear_failure(self, resource: str) -> None:
         """Forget the last failure to produce `resource`."""
         self._redis.delete(self._keys.failure(resource))

@@ -8,6 +8,7 @@ that stopped is known to have disappeared at that time."""
 from __future__ import annotations
 
 import contextlib
+import json
 from datetime import datetime, timezone
 
 import redis
@@ -17,8 +18,8 @@ from ..schemas import DeviceCap, DeviceInfo, utc_now
 from .connection import text, texts
 
 # A heartbeat in one round trip: set the owner of a device id if it is free, already ours, or
-# the stale owner we replace, then store the device's record and when it was seen (Redis time);
-# 1 when the id is ours.
+# the stale owner we replace, then store the device's record, its labels for metrics and when it
+# was seen (Redis time); 1 when the id is ours.
 _REGISTER = """
 local owner = redis.call('GET', KEYS[1])
 if owner ~= false and owner ~= ARGV[1] and owner ~= ARGV[3] then
@@ -28,6 +29,7 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SADD', KEYS[2], ARGV[4])
 redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[2])
 redis.call('ZADD', KEYS[4], redis.call('TIME')[1], ARGV[4])
+redis.call('HSET', KEYS[5], ARGV[4], ARGV[6])
 return 1
 """
 
@@ -59,8 +61,9 @@ class FleetRegistry:
         DeviceIdTaken when another live instance serves the id."""
         k, device_id = self._keys, info.device_id
         record = info.model_copy(update={"heartbeat_at": utc_now()}).model_dump_json()
-        keys = [k.device_owner(device_id), k.fleet_ids(), k.device(device_id), k.fleet_seen()]
-        if not self._register(keys=keys, args=[instance, int(ttl_s * 1000), replaces, device_id, record]):
+        keys = [k.device_owner(device_id), k.fleet_ids(), k.device(device_id), k.fleet_seen(), k.fleet_labels()]
+        labels = json.dumps([info.device_type, info.backend, info.simulated])
+        if not self._register(keys=keys, args=[instance, int(ttl_s * 1000), replaces, device_id, record, labels]):
             raise DeviceIdTaken(device_id, self.owner(device_id) or "?")
 
     def unregister(self, device_id: str, instance: str) -> None:
@@ -69,6 +72,7 @@ class FleetRegistry:
             return
         with self._redis.pipeline() as p:
             p.srem(self._keys.fleet_ids(), device_id)
+            p.hdel(self._keys.fleet_labels(), device_id)
             p.delete(self._keys.device(device_id), self._keys.device_owner(device_id))
             p.execute()
 
@@ -129,7 +133,11 @@ class FleetRegistry:
         with self._redis.pipeline() as p:
             p.hincrby(key, "version", 1)
             p.hset(key, mapping={"power_cap_w": "" if power_cap_w is None else repr(power_cap_w), "set_at": at.isoformat()})
-            version, _ = p.execute()
+            if power_cap_w is None:  # the caps of the fleet in one hash, for metrics
+                p.hdel(self._keys.fleet_caps(), device_id)
+            else:
+                p.hset(self._keys.fleet_caps(), device_id, repr(power_cap_w))
+            version, *_ = p.execute()
         return DeviceCap(power_cap_w=power_cap_w, version=version, set_at=at)
 
     def power_cap(self, device_id: str) -> DeviceCap | None:

@@ -41,7 +41,7 @@ from ..jobs.state import (
 )
 from ..keys import Keys
 from ..limits import MAX_EVENTS_KEPT, RECORDS_KEPT
-from ..schemas import JobSpec, utc_now
+from ..schemas import DeviceInfo, JobSpec, utc_now
 from .connection import text, texts
 
 logger = logging.getLogger(__name__)
@@ -173,6 +173,14 @@ class Applied:
         return self.change.part
 
 
+def _parsed_parts(job_id: str, device_ids: list[str], raws: list) -> list[DevicePart]:
+    """The parts of `device_ids` read as `raws`; JobNotFoundError when one is missing."""
+    missing = [d for d, raw in zip(device_ids, raws) if raw is None]
+    if missing:
+        raise JobNotFoundError(f"job {job_id} has no device {missing[0]}")
+    return [DevicePart.model_validate_json(raw) for raw in raws]
+
+
 class JobStore:
     """Jobs by id, each with one part per device. Finished jobs expire `retention_s` seconds
     after they finish (None: kept until pruned)."""
@@ -277,10 +285,14 @@ class JobStore:
     def parts(self, job_id: str, device_ids: list[str]) -> list[DevicePart]:
         """The parts of `device_ids`, in that order (one round trip)."""
         raws = self._redis.mget([self._keys.part(job_id, d) for d in device_ids]) if device_ids else []
-        missing = [d for d, raw in zip(device_ids, raws) if raw is None]
-        if missing:
-            raise JobNotFoundError(f"job {job_id} has no device {missing[0]}")
-        return [DevicePart.model_validate_json(raw) for raw in raws if raw is not None]
+        return _parsed_parts(job_id, device_ids, raws)
+
+    def parts_and_devices(self, job_id: str, device_ids: list[str]) -> tuple[list[DevicePart], dict[str, DeviceInfo]]:
+        """`parts` of `device_ids` and those devices that are registered (`FleetRegistry.devices_by_id`), in one command."""
+        keys = [self._keys.part(job_id, d) for d in device_ids] + [self._keys.device(d) for d in device_ids]
+        raws = self._redis.mget(keys) if keys else []
+        devices = {d: DeviceInfo.model_validate_json(raw) for d, raw in zip(device_ids, raws[len(device_ids) :]) if raw}
+        return _parsed_parts(job_id, device_ids, raws[: len(device_ids)]), devices
 
     def parts_at(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], DevicePart]:
         """The parts of these (job, device) pairs that exist, in one command."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import redis
 
@@ -14,8 +15,7 @@ from ..keys import Keys
 from .connection import master_address, text, texts
 
 
-@dataclass(frozen=True)
-class DeviceLabels:
+class DeviceLabels(NamedTuple):
     """What metrics say of a live device."""
 
     device_id: str
@@ -43,11 +43,73 @@ class JobView:
     progress: dict[str, FinetuneProgress]
 
 
+# A read command's reply as one JSON text: redis-py parses a reply of 10 000 elements one by one
+# (about 10 µs each on the 2-core development machine), json.loads the text at once. The keys
+# are arguments, not KEYS: Redis 7 takes a script's declared keys as written, which the
+# read-only `monitor` user may not; its ACL still applies to each command the script runs.
+_AS_JSON = "return cjson.encode(redis.call(unpack(ARGV)))"
+# ARGV[1] a read command, ARGV[2] its argument after the key ('' for none), ARGV[3] the keys, one
+# a line (one argument: redis-py packs each argument in about 7 µs): the command's reply for each
+# key, as one JSON array (false for a nil reply).
+_EACH_AS_JSON = """
+local out = {}
+for key in string.gmatch(ARGV[3], '[^\\n]+') do
+  if ARGV[2] == '' then
+    out[#out + 1] = redis.call(ARGV[1], key)
+  else
+    out[#out + 1] = redis.call(ARGV[1], key, ARGV[2])
+  end
+end
+return cjson.encode(out)
+"""
+
+# The union of the sets named in ARGV[1] (one a line), as one JSON array: SUNION over a thousand
+# keys at a time (Lua's unpack takes no more than about 8000).
+_UNION_AS_JSON = """
+local seen, out, keys = {}, {}, {}
+local function union()
+  for _, member in ipairs(redis.call('SUNION', unpack(keys))) do
+    if not seen[member] then
+      seen[member] = true
+      out[#out + 1] = member
+    end
+  end
+  keys = {}
+end
+for key in string.gmatch(ARGV[1], '[^\\n]+') do
+  keys[#keys + 1] = key
+  if #keys == 1000 then union() end
+end
+if #keys > 0 then union() end
+return cjson.encode(out)
+"""
+
+EVENT_BINDINGS = "_kombu.binding.celeryev"  # kombu's bindings of the `celeryev` exchange (not under edgetrain's prefix)
+KOMBU_SEPARATOR = "\x06\x16"  # between a binding's routing key, pattern and queue
+
+
+def _json_list(raw: str) -> list:
+    """A script's JSON reply as a list (cjson writes an empty table as `{}`)."""
+    value = json.loads(raw)
+    return value if isinstance(value, list) else []
+
+
 class Monitoring:
-    """Counters and the bulk reads of the metrics exporter and `edgetrain doctor`."""
+    """Counters and the bulk reads of the metrics exporter and `edgetrain doctor`: a fleet-wide
+    read is one command whose reply is one JSON text, whatever the fleet's size."""
 
     def __init__(self, client: redis.Redis, keys: Keys):
         self._redis, self._keys = client, keys
+        self._as_json, self._each_as_json = client.register_script(_AS_JSON), client.register_script(_EACH_AS_JSON)
+        self._union_as_json = client.register_script(_UNION_AS_JSON)
+
+    def _read(self, *command: str) -> list:
+        """A read command's array reply (one round trip, parsed at once)."""
+        return _json_list(self._as_json(args=list(command)))
+
+    def _each(self, command: str, keys: list[str], argument: str = "") -> list:
+        """A read command's reply for each of `keys` (one round trip, parsed at once)."""
+        return _json_list(self._each_as_json(args=[command, argument, "\n".join(keys)])) if keys else []
 
     def count(self, name: str, label: str, by: int = 1) -> None:
         """Add `by` to counter `name` under `label` (e.g. tasks handed on, by worker role)."""
@@ -60,21 +122,29 @@ class Monitoring:
 
     def last_seen(self) -> dict[str, float]:
         """Every device ever registered -> its last heartbeat (Redis time, s since the epoch)."""
-        seen: list[tuple[str, float]] = self._redis.zrange(self._keys.fleet_seen(), 0, -1, withscores=True)  # type: ignore[assignment]
-        return dict(seen)
+        flat = self._read("ZRANGE", self._keys.fleet_seen(), "0", "-1", "WITHSCORES")
+        return {device_id: float(at) for device_id, at in zip(flat[::2], flat[1::2])}
 
-    def live_devices(self) -> list[DeviceLabels]:
-        """The devices with a live heartbeat, by id, as metrics label them (two round trips;
-        their records read as JSON, not validated: a scrape of a big fleet parses no more)."""
-        ids = sorted(texts(self._redis.smembers(self._keys.fleet_ids())))
-        raws = self._redis.mget([self._keys.device(d) for d in ids]) if ids else []
-        found = [json.loads(raw) for raw in raws if raw]
-        return [DeviceLabels(d["device_id"], d["device_type"], d["backend"], bool(d.get("simulated"))) for d in found]
+    def live_devices(self, last_seen: dict[str, float], ttl_s: float) -> list[DeviceLabels]:
+        """The devices whose last heartbeat (`last_seen`) is within `ttl_s` of Redis's time and
+        which did not leave the fleet, as metrics label them (two round trips: their
+        labels are kept in one hash by each heartbeat, `FleetRegistry.register`)."""
+        flat = self._read("HGETALL", self._keys.fleet_labels())
+        labels = dict(zip(flat[::2], json.loads("[" + ",".join(flat[1::2]) + "]")))
+        now, _ = self._redis.time()
+        return [DeviceLabels(d, *found) for d, found in labels.items() if last_seen.get(d, 0.0) >= now - ttl_s]
+
+    def power_caps(self) -> dict[str, float]:
+        """Device -> the power cap set on it (W), for the devices that have one (one hash, kept
+        by `FleetRegistry.set_power_cap`)."""
+        flat = self._read("HGETALL", self._keys.fleet_caps())
+        return {device_id: float(cap) for device_id, cap in zip(flat[::2], flat[1::2])}
 
     def unfinished_jobs(self, devices: list[str] | None = None) -> set[str]:
         """Every job with an unfinished part on one of `devices` (default: every device ever registered)."""
         devices = list(self.last_seen()) if devices is None else devices
-        return set(texts(self._redis.sunion([self._keys.device_jobs(d) for d in devices]))) if devices else set()
+        keys = "\n".join(self._keys.device_jobs(d) for d in devices)
+        return set(_json_list(self._union_as_json(args=[keys]))) if devices else set()
 
     def job_ids(self, newest: int, devices: list[str]) -> list[str]:
         """The newest `newest` (> 0) jobs, then every older job with an unfinished part on one of
@@ -122,15 +192,16 @@ class Monitoring:
         """For each (job, state): the job's devices whose part is in it (one round trip)."""
         with self._redis.pipeline(transaction=False) as p:
             for job_id, state in pairs:
-                p.smembers(self._keys.parts_in(job_id, state.value))
-            return {pair: texts(members) for pair, members in zip(pairs, p.execute())}
+                self._as_json(args=["SMEMBERS", self._keys.parts_in(job_id, state.value)], client=p)
+            return {pair: _json_list(members) for pair, members in zip(pairs, p.execute())}
+
+    def event_routing_keys(self) -> list[str]:
+        """The routing keys of the receivers bound to Celery's event exchange (kombu's bindings)."""
+        return [member.split(KOMBU_SEPARATOR)[0] for member in texts(self._redis.smembers(EVENT_BINDINGS))]
 
     def queue_lengths(self, queues: list[str]) -> dict[str, int]:
-        """Messages waiting in each broker queue (Celery's Redis transport: a list per queue)."""
-        with self._redis.pipeline(transaction=False) as p:
-            for q in queues:
-                p.llen(q)
-            return {q: int(n) for q, n in zip(queues, p.execute())}
+        """Messages waiting in each broker queue (Celery's Redis transport: a list per queue; one round trip)."""
+        return dict(zip(queues, self._each("LLEN", queues)))
 
     def note_master(self) -> tuple[str, str] | None:
         """Behind Sentinel: record the master the store runs on now; (previous, current) when it

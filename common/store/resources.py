@@ -97,6 +97,26 @@ class ResourceStore:
                 raise
         return self._set_aside(key, model, on_set_aside)
 
+    def tables_and_vectors(
+        self, tids: list[str], vkeys: list[str], on_set_aside: OnSetAside | None = None
+    ) -> tuple[dict[str, ProfileTable | None], dict[str, RelationVector | None]]:
+        """The tables `tids` and vectors `vkeys` (see `table`, `vector`) in one command while
+        they are stored; one not stored is read again alone (a key of another type is set aside)."""
+        keys = [self._keys.table(t) for t in tids] + [self._keys.vector(v) for v in vkeys]
+        raws = self._redis.execute_command("MGET", *keys, **{NEVER_DECODE: []}) if keys else []
+        models: list[type[Strict]] = [ProfileTable] * len(tids) + [RelationVector] * len(vkeys)
+        found = [
+            self._get(k, m, on_set_aside) if raw is None else self._load(k, raw, m, on_set_aside) for k, raw, m in zip(keys, raws, models)
+        ]
+        return dict(zip(tids, found[: len(tids)])), dict(zip(vkeys, found[len(tids) :]))  # type: ignore[arg-type]
+
+    def _load(self, key: str, raw: bytes, model: type[RecordT], on_set_aside: OnSetAside | None) -> RecordT | None:
+        """The record of `raw` read under `key`, or None when it does not load (set aside)."""
+        try:
+            return self._parse(key, raw, model)
+        except ValidationError:
+            return self._set_aside(key, model, on_set_aside)
+
     def _parse(self, key: str, raw: bytes, model: type[RecordT]) -> RecordT:
         """The record of `raw`, parsed again only when the raw under `key` changed (a control
         worker reads a table and a vector for every job it plans)."""

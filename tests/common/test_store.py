@@ -50,7 +50,7 @@ def test_a_heartbeat_is_one_command_and_a_taken_id_writes_nothing(store) -> None
     store.fleet.register(info("a"), ttl_s=30, instance="wa")
     after = calls()
     ran = {c.removeprefix("cmdstat_"): n - before.get(c, 0) for c, n in after.items() if n != before.get(c, 0)}
-    inside = {"get": 1, "set": 2, "sadd": 1, "zadd": 1, "time": 1}  # what the script runs
+    inside = {"get": 1, "set": 2, "sadd": 1, "zadd": 1, "time": 1, "hset": 1}  # what the script runs (hset: its labels, for metrics)
     assert ran == {"evalsha": 1, "info": 1, **inside}  # one script call sent (and INFO, which counts)
     seen = store.fleet.last_seen("a")
     assert store.fleet.device("a").heartbeat_at is not None and seen is not None and store.fleet.owner("a") == "wa"
@@ -283,3 +283,14 @@ def test_a_job_record_is_parsed_once_until_it_changes(store) -> None:
     cancelled = store.jobs.record("j1")
     assert cancelled is not first and cancelled is not None and cancelled.cancelled_at is not None
     assert store.jobs.position("missing", "nano-1") is None and store.jobs.record("missing") is None
+
+
+def test_the_jobs_with_an_unfinished_part_are_found_over_thousands_of_devices(store) -> None:
+    from edgetrain.common.presets import quick_job
+    from edgetrain.common.schemas import JobSpec
+
+    ids = [f"d{i:04d}" for i in range(2500)]  # more than one SUNION of a thousand keys, and than Lua's unpack takes
+    store.jobs.create("wide", JobSpec.model_validate(quick_job([{"device_id": d, "power_cap_w": 5.0} for d in ids])))
+    store.jobs.create("last", JobSpec.model_validate(quick_job([{"device_id": ids[-1], "power_cap_w": 5.0}])))
+    assert store.monitoring.unfinished_jobs(ids) == {"wide", "last"}
+    assert store.monitoring.unfinished_jobs(ids[:10]) == {"wide"} and store.monitoring.unfinished_jobs([]) == set()

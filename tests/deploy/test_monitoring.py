@@ -48,7 +48,7 @@ def test_prometheus_config_scrapes_the_exporter_and_loads_the_rules() -> None:
 def exported_names(store) -> set[str]:
     names = set()
     for family in FleetCollector(store, Settings(redis_url="redis://unused:1/0")).collect():
-        names.add(family.name + ("_total" if family.type == "counter" else ""))
+        names.add(family.name)
     return names
 
 

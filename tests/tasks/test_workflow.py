@@ -419,3 +419,21 @@ def test_a_job_no_control_worker_took_up_is_started_again(s, broker) -> None:
     assert [(t.name, t.payload) for t in queued_tasks(broker, "control")] == [(TaskName.advance_job.value, "j1")]
     advance_job("j1")
     assert s.jobs.unplanned(broker.time()[0] + 10**6, 10) == []  # taken up: nothing more to remind
+
+
+def test_a_planning_step_reads_its_part_device_table_vector_and_failure_in_three_commands(s, broker, monkeypatch) -> None:
+    from redis.connection import AbstractConnection
+
+    register(s, "d1")
+    store_resources(s, submit(s, "j0", [{"device_id": "d1", "power_cap_w": 4.0}]))
+    advance_job("j0")  # scripts loaded, the broker's queue declared
+    submit(s, "j1", [{"device_id": "d1", "power_cap_w": 4.0}])
+    sent: list[str] = []  # the commands sent, alone or in pipelines
+    one, many = AbstractConnection.send_command, AbstractConnection.pack_commands
+    monkeypatch.setattr(AbstractConnection, "send_command", lambda self, *args, **kw: sent.append(str(args[0])) or one(self, *args, **kw))
+    monkeypatch.setattr(AbstractConnection, "pack_commands", lambda self, cmds: sent.extend(str(c[0]) for c in cmds) or many(self, cmds))
+    advance_job("j1")
+    monkeypatch.undo()
+    assert s.jobs.part("j1", "d1").state == PartState.queued
+    # the record and its unplanned mark; the part and the device; the table and the vector; the table's failure
+    assert [c for c in sent if c in ("GET", "ZREM", "MGET")] == ["GET", "ZREM", "MGET", "MGET", "MGET"], sent

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgetrain.common.control_axis import ControlAxis
@@ -17,13 +16,13 @@ from edgetrain.common.schemas import DeviceInfo, JobSpec, RunReport, Selection
 from edgetrain.common.settings import Settings
 from edgetrain.common.store import Lease, WorkerInfo, Written
 from edgetrain.tasks.contract import HANDED_ON
-from edgetrain.workers.processes.exporter import registry
+from edgetrain.workers.processes.exporter import scrape as exposition
 
 DEVICES = [{"device_id": "nano-1", "power_cap_w": 3.0}, {"device_id": "tx2nx-1", "power_cap_w": 5.0}]
 
 
 def scrape(store) -> dict[tuple[str, tuple], float]:
-    text = generate_latest(registry(store, Settings(redis_url="redis://unused:1/0"))).decode()
+    text = exposition(store, Settings(redis_url="redis://unused:1/0")).decode()
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(text) for sample in family.samples
@@ -171,3 +170,53 @@ def test_a_big_job_is_exported_from_its_summary_not_per_part(store) -> None:
     assert value(s, "edgetrain_job_parts", job_id="big", state="finetuning") == 1
     assert value(s, "edgetrain_parts_waiting", reason="planning") == 58 and value(s, "edgetrain_parts_waiting", reason="no_worker") == 1
     assert value(s, "edgetrain_job_samples", job_id="big") == 512 and value(s, "edgetrain_job_energy_joules", job_id="big") == 0.5
+
+
+def commands_of_a_scrape(store, monkeypatch, devices: int) -> int:
+    """Redis commands the client sends for one scrape of a fleet of `devices`, each with a dispatched part of one job."""
+    from redis.connection import AbstractConnection
+
+    store.clear()
+    ids = [f"n{i:03d}" for i in range(devices)]
+    for d in ids:
+        store.fleet.register(device(d), ttl_s=30, instance=f"w-{d}")
+        store.fleet.set_power_cap(d, 4.0)
+    spec = JobSpec.model_validate(quick_job([{"device_id": d, "power_cap_w": 5.0} for d in ids]))
+    job_id = f"j{devices}"
+    store.jobs.create(job_id, spec)
+    for target in spec.devices:
+        request = finetune_request(job_id, spec, target, CHOICE, "jetson-nano:smallcnn:1x28x28", "vkey")
+        store.jobs.apply(job_id, target.device_id, Dispatched(device=TWIN, token=f"{target.device_id}-t", request=request,
+                                                              selection=CHOICE, estimated_time_to_accuracy_s=0.17))  # fmt: skip
+    scrape(store)  # scripts loaded
+    sent = []  # the names of the commands sent, alone or in pipelines
+    one, many = AbstractConnection.send_command, AbstractConnection.pack_commands
+    monkeypatch.setattr(AbstractConnection, "send_command", lambda self, *args, **kw: sent.append(args[0]) or one(self, *args, **kw))
+    monkeypatch.setattr(AbstractConnection, "pack_commands", lambda self, cmds: sent.extend(c[0] for c in cmds) or many(self, cmds))
+    s = scrape(store)
+    monkeypatch.undo()
+    assert sum(v for (name, _), v in s.items() if name == "edgetrain_device_up") == devices
+    assert value(s, "edgetrain_device_power_cap_watts", device=ids[-1], simulated="true") == 4.0
+    assert value(s, "edgetrain_job_parts", job_id=job_id, state="queued") == devices
+    return len(sent)
+
+
+def test_a_scrape_sends_as_many_commands_for_a_big_fleet_as_for_a_small_one(store, monkeypatch) -> None:
+    assert commands_of_a_scrape(store, monkeypatch, 60) == commands_of_a_scrape(store, monkeypatch, 150)  # jobs over STATUS_PARTS
+
+
+def test_idle_devices_show_the_cap_set_on_them_until_lifted_and_leave_the_fleet_when_their_worker_stops(store) -> None:
+    odd = DeviceInfo(device_id="odd-1", device_type='board "x"\\1\nrev', backend="sim", frequencies_hz=[1], memory_bytes=4,
+                     simulated=False)  # fmt: skip
+    store.fleet.register(odd, ttl_s=30, instance="w1")
+    store.fleet.register(device("nano-1"), ttl_s=30, instance="w2")
+    store.fleet.set_power_cap("nano-1", 3.5)
+    s = scrape(store)
+    assert value(s, "edgetrain_device_power_cap_watts", device="nano-1", simulated="true") == 3.5
+    assert value(s, "edgetrain_device_up", device="odd-1", device_type='board "x"\\1\nrev', backend="sim", simulated="false") == 1
+    store.fleet.set_power_cap("nano-1", None)
+    store.fleet.unregister("odd-1", "w1")
+    s = scrape(store)
+    assert not [labels for name, labels in s if name == "edgetrain_device_power_cap_watts"]
+    assert [dict(labels)["device"] for name, labels in s if name == "edgetrain_device_up"] == ["nano-1"]
+    assert ("edgetrain_device_last_seen_timestamp_seconds", (("device", "odd-1"),)) in s  # its last heartbeat is kept

@@ -26,6 +26,7 @@ from edgetrain.tasks.stopped import watch_stopped_tasks
 from ..rendering.output import note
 from .heartbeat import Heartbeat
 from .logs import use_log_format
+from .task_events import TaskEventsGate
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ def consume(queues: list[str], name: str, role: str, concurrency: int, loglevel:
     for finding in found:
         note(f"warning: {finding.problem}; fix: {finding.fix}")
     info = WorkerInfo(node=node, role=role, queues=queues, hostname=socket.gethostname(), pid=os.getpid(), findings=found)
+    if role == "control":  # its tasks are many and short
+        TaskEventsGate(store)
     heartbeat = Heartbeat(store, settings, info, device)
     reaper = Reaper(store, context.app(), settings) if role == "control" else None
     try:  # from the first beat on, a shutdown signal (SystemExit) leaves the registry in `finally`

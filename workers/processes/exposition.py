@@ -1,0 +1,74 @@
+"""Prometheus's text exposition format (0.0.4), each series written as a line when it is added.
+
+A scrape of a fleet of 10 000 devices holds tens of thousands of series (a device's heartbeat,
+labels and queue each); prometheus_client's generic writer takes about 12 µs a series on the
+2-core development machine (0.4 s for 30 000), a line formatted here about 1 µs. Label values
+are escaped as the format says (backslash, double quote, newline)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Callable, Iterable
+
+from prometheus_client.utils import floatToGoString
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _escape(value: str) -> str:
+    if '"' in value or "\\" in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value
+
+
+class Family:
+    """One metric family: a gauge, or a counter (its series named `<name>_total`)."""
+
+    def __init__(self, name: str, doc: str, labels: Iterable[str] = (), counter: bool = False):
+        self.name = f"{name}_total" if counter else name
+        self.labels = tuple(labels)
+        doc = doc.replace("\\", "\\\\").replace("\n", "\\n")
+        self.lines = [f"# HELP {self.name} {doc}", f"# TYPE {self.name} {'counter' if counter else 'gauge'}"]
+
+    def add(self, values: Iterable[str], value: float) -> None:
+        """A series with these label values (in the order of `labels`)."""
+        pairs = ",".join([f'{k}="{_escape(v)}"' for k, v in zip(self.labels, values)])
+        number = str(value) if type(value) is int else floatToGoString(value)  # an int as it is (not a bool)
+        self.lines.append(f"{self.name}{{{pairs}}} {number}" if pairs else f"{self.name} {number}")
+
+
+def gauge(name: str, doc: str, value: float) -> Family:
+    """A family of one series without labels."""
+    family = Family(name, doc)
+    family.add((), value)
+    return family
+
+
+def render(families: Iterable[Family]) -> bytes:
+    """The families as a scrape's body."""
+    return "".join("\n".join(f.lines) + "\n" for f in families).encode()
+
+
+def serve_text(address: str, port: int, body: Callable[[], bytes]) -> tuple[http.server.ThreadingHTTPServer, threading.Thread]:
+    """Serve `body()` on GET /metrics (and /) from a thread; (server, thread)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
+            if self.path.split("?")[0] not in ("/", "/metrics"):
+                self.send_error(404)
+                return
+            payload = body()
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's name)
+            """Scrapes are not logged."""
+
+    server = http.server.ThreadingHTTPServer((address, port), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return server, thread
