@@ -27,13 +27,14 @@ from ..limits import MAX_SEEDS
 from ..schemas import RelationVector, Seeds, Strict, TrainingOutcome
 from .plan import Assignment
 from .records import RoundRecord
-from .simulate import FEDNOVA, VECTOR, FederatedRun, simulate, twin_table
+from .simulate import ASYNC, FEDNOVA, VECTOR, FederatedRun, simulate, twin_table
 from .spec import DEADLINE, FederatedSpec
 from .vector import ProxyRuns, read_vector
 
 LABELS = {
     "baseline1": "Baseline 1", f"baseline1{DEADLINE}": "Baseline 1, partial work to the deadline", "equation4": "eq. (4), equal steps",
     "edgetrain": "edgetrain (time-balanced)", f"edgetrain{FEDNOVA}": "edgetrain + FedNova (time-balanced)",
+    f"edgetrain{ASYNC}": "edgetrain async (buffered)",
     f"equation4{VECTOR}": "eq. (4) + vector, equal steps", f"edgetrain{VECTOR}": "edgetrain + vector (time-balanced)",
 }  # fmt: skip
 
@@ -102,10 +103,15 @@ class FederatedEvaluationSpec(Strict):
         return self
 
     def run_spec(self, method: str, seed: int) -> FederatedSpec:
-        """The job of one run: `method` (without `+vector` or `+fednova`) choosing every device's
-        work, aggregated with FedNova for a `+fednova` method and FedAvg otherwise, `seed` its seed."""
-        local = self.job.local.model_copy(update={"method": method.removesuffix(FEDNOVA).removesuffix(VECTOR)})
-        aggregation = self.job.aggregation.model_copy(update={"rule": "fednova" if method.endswith(FEDNOVA) else "fedavg"})
+        """The job of one run: `method` (without `+vector`, `+fednova` or `+async`) choosing every
+        device's work, aggregated with FedNova for a `+fednova` method, buffered for an `+async`
+        one (the job's `buffer_size`, else half the devices) and FedAvg in rounds otherwise,
+        `seed` its seed."""
+        local = self.job.local.model_copy(update={"method": method.removesuffix(FEDNOVA).removesuffix(VECTOR).removesuffix(ASYNC)})
+        rounds = {"mode": "rounds", "buffer_size": None, "rule": "fednova" if method.endswith(FEDNOVA) else "fedavg"}
+        buffered = {"mode": "buffered", "rule": "fedavg",
+                    "buffer_size": self.job.aggregation.buffer_size or max(1, len(self.job.devices) // 2)}  # fmt: skip
+        aggregation = self.job.aggregation.model_copy(update=buffered if method.endswith(ASYNC) else rounds)
         return self.job.model_copy(update={"seed": seed, "local": local, "aggregation": aggregation})
 
 
