@@ -30,6 +30,7 @@ from edgetrain.common.federated.records import (
     work_key,
 )
 from edgetrain.common.federated.rounds import (
+    Buffered,
     State,
     Update,
     aggregate,
@@ -172,7 +173,8 @@ def federated_aggregate(request: AggregateRequest) -> float | None:
         fail_aggregation(job_id, reason, r)
         raise TaskFailed(reason) from exc
     if state.buffered:
-        done = buffer_record(r, accuracy, [(u.trained, u.finished_s, st) for u, st in zip(used, stale)], state.elapsed_s, held_out)
+        buffered = [Buffered(u.trained, u.work or 0, u.finished_s, st) for u, st in zip(used, stale)]
+        done = buffer_record(r, accuracy, buffered, state.elapsed_s, held_out)
     else:
         done = round_record(r, accuracy, [u.trained for u in used], state.elapsed_s, [a.device_id for a in state.assignments], held_out)
     try:

@@ -102,6 +102,10 @@ class FederatedEvaluationSpec(Strict):
             raise ValueError(f"vector: no r_b for the job's batch sizes {missing}")
         return self
 
+    def async_buffer_size(self) -> int:
+        """The `+async` methods' updates per aggregation: the job's `buffer_size`, else half its devices."""
+        return self.job.aggregation.buffer_size or max(1, len(self.job.devices) // 2)
+
     def run_spec(self, method: str, seed: int) -> FederatedSpec:
         """The job of one run: `method` (without `+vector`, `+fednova` or `+async`) choosing every
         device's work, aggregated with FedNova for a `+fednova` method, buffered for an `+async`
@@ -109,8 +113,7 @@ class FederatedEvaluationSpec(Strict):
         `seed` its seed."""
         local = self.job.local.model_copy(update={"method": method.removesuffix(FEDNOVA).removesuffix(VECTOR).removesuffix(ASYNC)})
         rounds = {"mode": "rounds", "buffer_size": None, "rule": "fednova" if method.endswith(FEDNOVA) else "fedavg"}
-        buffered = {"mode": "buffered", "rule": "fedavg",
-                    "buffer_size": self.job.aggregation.buffer_size or max(1, len(self.job.devices) // 2)}  # fmt: skip
+        buffered = {"mode": "buffered", "rule": "fedavg", "buffer_size": self.async_buffer_size()}
         aggregation = self.job.aggregation.model_copy(update=buffered if method.endswith(ASYNC) else rounds)
         return self.job.model_copy(update={"seed": seed, "local": local, "aggregation": aggregation})
 

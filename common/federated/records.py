@@ -81,6 +81,7 @@ class RoundRecord(Strict):
     missing: list[str] = Field(default_factory=list)
     device_accuracy: dict[str, float] = Field(default_factory=dict, description="device id -> accuracy on its held-out data")
     staleness: list[int] = Field(default_factory=list, description="buffered: each update's staleness, as `devices`")
+    works: list[int] = Field(default_factory=list, description="buffered: each update's work, as `devices`")
 
     def fairness(self) -> Fairness | None:
         """Mean, worst and spread of `device_accuracy` (None without it)."""

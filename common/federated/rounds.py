@@ -199,15 +199,25 @@ def buffer_weights(spec: FederatedSpec, held: Sequence[int], staleness: Sequence
     return [n / total * spec.aggregation.staleness_weight(s) for n, s in zip(held, staleness)]
 
 
-def buffer_record(number: int, accuracy: float, trained: Sequence[tuple[DeviceRound, float, int]], elapsed_before_s: float,
+@dataclass(frozen=True)
+class Buffered:
+    """A buffered update as its aggregation records it: what its device did, the work's number,
+    the device time at which its device finished it (s since the job started) and its staleness
+    (aggregations since its work started)."""
+
+    trained: DeviceRound
+    work: int
+    finished_s: float
+    staleness: int
+
+
+def buffer_record(number: int, accuracy: float, updates: Sequence[Buffered], elapsed_before_s: float,
                   device_accuracy: dict[str, float] | None = None) -> RoundRecord:  # fmt: skip
-    """The record of buffered aggregation `number`: `trained` holds each update's work, the
-    device time at which its device finished it (s since the job started) and its staleness;
-    the aggregation happens when the last of them is in, so the job's device time is the
-    latest finish so far."""
-    elapsed = max([elapsed_before_s, *(done for _, done, _ in trained)])
+    """The record of buffered aggregation `number`: it happens when the last of its updates is
+    in, so the job's device time is the latest finish so far."""
+    elapsed = max([elapsed_before_s, *(u.finished_s for u in updates)])
     return RoundRecord(
         round=number, accuracy=accuracy, device_time_s=elapsed - elapsed_before_s, elapsed_s=elapsed,
-        energy_j=sum(d.energy_j for d, _, _ in trained), devices=[d for d, _, _ in trained],
-        staleness=[s for *_, s in trained], device_accuracy=device_accuracy or {},
+        energy_j=sum(u.trained.energy_j for u in updates), devices=[u.trained for u in updates],
+        staleness=[u.staleness for u in updates], works=[u.work for u in updates], device_accuracy=device_accuracy or {},
     )  # fmt: skip

@@ -22,7 +22,19 @@ from .data import device_data, num_classes, shares
 from .fairness import score
 from .plan import DeviceInRound, assign, participants
 from .records import DeviceRound, RoundRecord
-from .rounds import State, Update, aggregate, apply_buffer, buffer_record, buffer_weights, delta, round_record, round_seed, train_round
+from .rounds import (
+    Buffered,
+    State,
+    Update,
+    aggregate,
+    apply_buffer,
+    buffer_record,
+    buffer_weights,
+    delta,
+    round_record,
+    round_seed,
+    train_round,
+)
 from .spec import FederatedDevice, FederatedSpec
 
 VECTOR = "+vector"  # a run's method with this suffix chose every (b, f) with a relation vector
@@ -127,7 +139,7 @@ def simulate_buffered(
     model, data, devices, state = _fleet(spec, twins)
     first, _ = score(spec, model, state)
     order = {d.device_id: i for i, d in enumerate(spec.devices)}
-    running: list[tuple[float, int, int, State, DeviceRound]] = []  # (finish s, device order, started round, delta, work)
+    running: list[tuple[float, int, int, int, State, DeviceRound]] = []  # (finish s, device order, work, started round, delta, done)
     works = 0
 
     def start(device_id: str, at_s: float, version: int) -> None:
@@ -137,24 +149,25 @@ def simulate_buffered(
         a = next(p for p in plan if p.device_id == device_id)
         works += 1
         result, done = train_round(spec, model, state, data[device_id], a, works, devices[device_id])
-        heapq.heappush(running, (at_s + done.device_time_s, order[device_id], r, delta(result.state, state), done))
+        heapq.heappush(running, (at_s + done.device_time_s, order[device_id], works, r, delta(result.state, state), done))
 
     for d in spec.devices:
         start(d.device_id, 0.0, 0)
     rounds: list[RoundRecord] = []
-    buffer: list[tuple[float, int, State, DeviceRound]] = []
+    buffer: list[tuple[float, int, int, int, State, DeviceRound]] = []
     elapsed = energy = 0.0
     accuracy, k = first, spec.aggregation.buffer_size or len(spec.devices)
     while accuracy < spec.target_accuracy and len(rounds) < spec.max_rounds:
-        finish_s, _, started, change, done = heapq.heappop(running)
-        buffer.append((finish_s, started, change, done))
+        buffer.append(heapq.heappop(running))
+        finish_s, _, _, _, _, done = buffer[-1]
         if len(buffer) >= k:
             number = len(rounds) + 1
-            stale = [number - s for _, s, _, _ in buffer]
+            stale = [number - started for _, _, _, started, _, _ in buffer]
             weights = buffer_weights(spec, [len(data[d.assignment.device_id]) for *_, d in buffer], stale)
-            state = apply_buffer(state, [(c, w) for (_, _, c, _), w in zip(buffer, weights)])
+            state = apply_buffer(state, [(change, w) for (*_, change, _), w in zip(buffer, weights)])
             accuracy, held_out = score(spec, model, state)
-            record = buffer_record(number, accuracy, [(d, f, s) for (f, _, _, d), s in zip(buffer, stale)], elapsed, held_out)
+            record = buffer_record(number, accuracy, [Buffered(d, n, f, s) for (f, _, n, _, _, d), s in zip(buffer, stale)], elapsed,
+                                   held_out)  # fmt: skip
             elapsed, energy, buffer = record.elapsed_s, energy + record.energy_j, []
             rounds.append(record)
             if on_round:

@@ -24,7 +24,7 @@ from edgetrain.common.federated.events import (
 )
 from edgetrain.common.federated.planner import RoundView, plan_round
 from edgetrain.common.federated.records import DeviceRound, FederatedRecord, FederatedState, LocalUpdate, Phase, RoundRecord, Work
-from edgetrain.common.federated.rounds import apply_buffer, buffer_record, buffer_weights, delta, fedavg
+from edgetrain.common.federated.rounds import Buffered, apply_buffer, buffer_record, buffer_weights, delta, fedavg
 from edgetrain.common.federated.spec import FederatedSpec
 from edgetrain.common.jobs.effects import Aggregate, SendTrain
 from edgetrain.common.schemas import DeviceCap, DeviceInfo, utc_now
@@ -117,7 +117,7 @@ def test_a_closed_buffer_is_aggregated_while_the_next_one_fills() -> None:
         transition(closed.state, BufferClosed(round=1), NOW)
     filling = transition(closed.state, UpdateAccepted(update=update(work(2, "b"))), NOW).state  # the device did not wait
     assert list(filling.received) == ["b#2"] and list(filling.aggregating) == ["a#1"]
-    record = buffer_record(1, 0.6, [(update(work(1, "a")).trained, 0.2, 0)], 0.0)
+    record = buffer_record(1, 0.6, [Buffered(update(work(1, "a")).trained, 1, 0.2, 0)], 0.0)
     with pytest.raises(Refused, match="not being aggregated"):
         transition(filling, RoundAggregated(record=record.model_copy(update={"round": 2}), weights=WEIGHTS), NOW)
     done = transition(filling, RoundAggregated(record=record, weights=WEIGHTS), NOW).state
@@ -191,6 +191,6 @@ def test_fedbuff_s_server_step_is_fedavg_for_fresh_updates_and_shrinks_stale_one
 
 def test_a_buffered_aggregation_s_device_time_is_its_latest_update_s_finish() -> None:
     trained = update(work(1, "a")).trained
-    record = buffer_record(3, 0.7, [(trained, 1.5, 0), (trained, 2.25, 2)], 1.0)
-    assert (record.elapsed_s, record.device_time_s, record.staleness, record.energy_j) == (2.25, 1.25, [0, 2], 3.0)
+    record = buffer_record(3, 0.7, [Buffered(trained, 4, 1.5, 0), Buffered(trained, 6, 2.25, 2)], 1.0)
+    assert (record.elapsed_s, record.device_time_s, record.staleness, record.works, record.energy_j) == (2.25, 1.25, [0, 2], [4, 6], 3.0)
     assert isinstance(record, RoundRecord)

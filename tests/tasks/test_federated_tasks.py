@@ -184,8 +184,11 @@ def test_a_buffered_job_aggregates_every_k_updates_while_its_devices_train_on(s,
     federated_advance(job)
     assert federated_aggregate(AggregateRequest(job_id=job, round=2)) is not None
     one, two = s.federated.rounds(job)
-    assert [d.assignment.device_id for d in one.devices] == ["a"] and one.staleness == [0]
-    assert [d.assignment.device_id for d in two.devices] == ["b"] and two.staleness == [1]  # b trained the model before aggregation 1
+    assert [d.assignment.device_id for d in one.devices] == ["a"] and (one.staleness, one.works) == ([0], [1])
+    assert [d.assignment.device_id for d in two.devices] == ["b"] and (two.staleness, two.works) == (
+        [1],
+        [2],
+    )  # b trained the model before aggregation 1
     assert two.elapsed_s >= one.elapsed_s and s.federated.state(job).round == 2
     third = requests()[3]  # a's second work started from aggregation 0's model, pinned while in flight
     assert third.round == 1 and federated_train(third) == Accepted.accepted.value
