@@ -11,6 +11,7 @@ Device time and energy come from the twins: SIMULATED. Accuracy comes from real 
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -109,13 +110,16 @@ class FederatedEvaluationSpec(Strict):
     def run_spec(self, method: str, seed: int) -> FederatedSpec:
         """The job of one run: `method` (without `+vector`, `+fednova` or `+async`) choosing every
         device's work, aggregated with FedNova for a `+fednova` method, buffered for an `+async`
-        one (the job's `buffer_size`, else half the devices) and FedAvg in rounds otherwise,
-        `seed` its seed."""
+        one (`async_buffer_size`; as many local works at most as `max_rounds` rounds of every
+        device) and FedAvg in rounds otherwise, `seed` its seed."""
         local = self.job.local.model_copy(update={"method": method.removesuffix(FEDNOVA).removesuffix(VECTOR).removesuffix(ASYNC)})
         rounds = {"mode": "rounds", "buffer_size": None, "rule": "fednova" if method.endswith(FEDNOVA) else "fedavg"}
         buffered = {"mode": "buffered", "rule": "fedavg", "buffer_size": self.async_buffer_size()}
         aggregation = self.job.aggregation.model_copy(update=buffered if method.endswith(ASYNC) else rounds)
-        return self.job.model_copy(update={"seed": seed, "local": local, "aggregation": aggregation})
+        most = self.job.max_rounds
+        if method.endswith(ASYNC):
+            most = math.ceil(most * len(self.job.devices) / self.async_buffer_size())
+        return self.job.model_copy(update={"seed": seed, "local": local, "aggregation": aggregation, "max_rounds": most})
 
 
 class MethodSummary(Strict):
