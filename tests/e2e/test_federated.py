@@ -282,3 +282,27 @@ def test_a_buffered_work_delivered_twice_is_aggregated_once(cluster) -> None:
     send(app, TaskName.federated_train, request, device_queue("nano-f"))  # after the job ended: trains nothing
     time.sleep(3)
     assert client.federated_status(job_id).rounds == status.rounds
+
+
+def test_a_buffered_job_goes_on_past_a_frozen_device_and_a_restarted_control_worker(cluster) -> None:
+    """The TX2 frozen: its work expires at its deadline and the others' updates fill the buffers;
+    the control worker killed while a buffer is aggregated: nothing lost or aggregated twice."""
+    client, store = EdgeTrainClient(cluster.url), cluster.store()
+    job_id = client.submit(buffered_spec(target=0.85, deadline_s=8.0, max_rounds=60))
+    frozen = cluster.worker("device-tx2-f")
+    poll_until(lambda: (s := store.federated.state(job_id)) and s.works_sent >= 3 or None, 120, 0.05, "the first works")
+    frozen.signal(signal.SIGSTOP)
+    try:
+        poll_until(lambda: any("no update by the deadline" in e.message for e in store.federated.events(job_id)) or None, 60, 0.2,
+                   "the frozen device's work expired")  # fmt: skip
+        done = len(store.federated.rounds(job_id))
+        poll_until(lambda: len(store.federated.rounds(job_id)) >= done + 2 or None, 120, 0.2, "aggregations without the TX2")
+    finally:
+        frozen.signal(signal.SIGCONT)
+    poll_until(lambda: (s := store.federated.state(job_id)) and (s.aggregating or s.phase in ENDED) or None, 120, 0.02, "an aggregation")
+    cluster.kill("control")
+    time.sleep(3)
+    cluster.restart("control")
+    status = client.wait_federated(job_id, timeout_s=400)
+    assert status.state.phase == "completed", (status.state.reason, [e.line() for e in status.events])
+    aggregations_are_whole(status)
