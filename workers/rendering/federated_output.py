@@ -22,7 +22,8 @@ def format_federated(status: FederatedStatus) -> str:
     spec, state = status.record.spec, status.state
     accuracy = "none yet" if state.accuracy is None else f"{state.accuracy:.4f}"
     lines = [
-        f"federated job {status.record.job_id}: {state.phase.value}, round {state.round} of at most {spec.max_rounds}; "
+        f"federated job {status.record.job_id}: {state.phase.value}, {'aggregation' if state.buffered else 'round'} {state.round} of at "
+        f"most {spec.max_rounds}; "
         f"global accuracy {accuracy} (target {spec.target_accuracy}); {len(spec.devices)} devices, {spec.local.method} local work, "
         + (
             f"buffered, {spec.aggregation.buffer_size} updates per aggregation, staleness {spec.aggregation.staleness}"
@@ -52,7 +53,7 @@ def format_federated(status: FederatedStatus) -> str:
     if state.buffered and state.phase == Phase.training:
         each = ", ".join(f"{w.work} {w.device_id} b={w.assignment.batch_size} x{w.assignment.local_steps} from aggregation {w.round - 1}"
                          for w in state.in_flight)  # fmt: skip
-        lines.append(f"  aggregations {state.round}; buffer {len(state.received)} of {spec.aggregation.buffer_size}"
+        lines.append(f"  buffer {len(state.received)} of {spec.aggregation.buffer_size}"
                      + (", an aggregation running" if state.aggregating else "") + f"; work in flight: {each or 'none'}")  # fmt: skip
     elif state.phase == Phase.training and state.deadline_at is not None:
         each = ", ".join(f"{a.device_id} b={a.batch_size} f={a.frequency_hz} x{a.local_steps}" for a in state.assignments)
