@@ -59,6 +59,8 @@
     <p>:fedrun:<id>:state                  FederatedState JSON: round, phase, global model (workers only)
     <p>:fedrun:<id>:rounds                 list of RoundRecord JSON: every round aggregated, in order
     <p>:fedrun:<id>:round:<r>              hash device -> LocalUpdate JSON: the updates of round r
+    <p>:fedrun:<id>:buffer                 hash device#work -> LocalUpdate JSON: a buffered job's updates
+                                           not yet aggregated
     <p>:fedrun:<id>:events                 list of JobEvent JSON (the newest MAX_EVENTS_KEPT)
     <p>:fedrun:<id>:lock                   the lock held while the job advances
     <p>:set-aside:<key>:<UTC time>         a record that no longer loaded, moved from <p>:<key> as it was
@@ -303,6 +305,9 @@ class Keys:
 
     def federated_round(self, job_id: str, round_number: int) -> str:
         return f"{self.federated_run(job_id)}:round:{int(round_number)}"
+
+    def federated_buffer(self, job_id: str) -> str:
+        return f"{self.federated_run(job_id)}:buffer"
 
     def federated_events(self, job_id: str) -> str:
         return f"{self.federated_run(job_id)}:events"

@@ -2,14 +2,15 @@
 (submitted, an update arrived, a round aggregated, a table profiled, the reaper seeing a deadline
 pass or a cancel asked for). It reads the job into a `RoundView`, asks the round planner
 (common/federated/planner.py) for the next step, applies the step's event through the store's
-one writer and, only when it applied, carries out the step's effects. It never waits in a task;
+one writer and, only when it applied, carries out the step's effects; while a step changes the
+state, it asks for the next one (a few at most). It never waits in a task;
 a lock per job serialises advances, and an event that no longer applies changes nothing."""
 
 from __future__ import annotations
 
 from celery.utils.log import get_task_logger
 
-from edgetrain.common.federated.events import Finished, Refused
+from edgetrain.common.federated.events import Finished, Refused, Waiting
 from edgetrain.common.federated.planner import RoundView, Step, plan_round
 from edgetrain.common.federated.records import FederatedRecord, FederatedState, Phase
 from edgetrain.common.jobs.effects import Aggregate, ClaimAndProfile, SendTrain
@@ -26,6 +27,7 @@ from .effects import claim_and_profile
 
 logger = get_task_logger(__name__)
 LOCK_TIMEOUT_S = 30  # an advance takes milliseconds; a killed worker's lock frees itself after this (s)
+MAX_STEPS = 4  # steps one advance takes while each changes the state (a round planner's step, then the next)
 
 
 @app.task(name=TaskName.federated_advance.value)
@@ -38,12 +40,19 @@ def federated_advance(job_id: str) -> str:
         return "unknown job"
     with s.lock(s.keys.federated_lock(job_id), LOCK_TIMEOUT_S):
         state = s.federated.state(job_id) or s.federated.start(record)
-        try:
-            step = plan_round(read_view(record, state))
-        except Exception as exc:  # a bug, or a record this worker cannot plan: fail the job, saying why
-            logger.exception("advancing federated job %s failed", job_id)
-            step = Step(Finished(phase=Phase.failed, reason=f"planning failed: {type(exc).__name__}: {exc}"))
-        return carry_out(record, step).value
+        for _ in range(MAX_STEPS):  # a buffered job may close its buffer, then start a device's next work
+            try:
+                step = plan_round(read_view(record, state))
+            except Exception as exc:  # a bug, or a record this worker cannot plan: fail the job, saying why
+                logger.exception("advancing federated job %s failed", job_id)
+                step = Step(Finished(phase=Phase.failed, reason=f"planning failed: {type(exc).__name__}: {exc}"))
+            carry_out(record, step)
+            after = s.federated.state(job_id)
+            assert after is not None, "the job started"
+            if after == state or isinstance(step.event, Waiting):
+                break
+            state = after
+        return state.phase.value
 
 
 def read_view(record: FederatedRecord, state: FederatedState) -> RoundView:
@@ -61,8 +70,8 @@ def read_view(record: FederatedRecord, state: FederatedState) -> RoundView:
     return RoundView(record, state, utc_now(), live, tables, caps, s.federated.cancel_requested_at(record.job_id))
 
 
-def carry_out(record: FederatedRecord, step: Step) -> Phase:
-    """Apply the step's event and, when it applied, carry out its effects; returns the phase."""
+def carry_out(record: FederatedRecord, step: Step) -> None:
+    """Apply the step's event and, when it applied, carry out its effects."""
     s, job_id = store(), record.job_id
     aggregations = [to_track(TaskName.federated_aggregate, e.request, job_id=job_id) for e in step.effects if isinstance(e, Aggregate)]
     if step.event is not None:
@@ -70,7 +79,7 @@ def carry_out(record: FederatedRecord, step: Step) -> Phase:
             s.federated.apply(job_id, step.event, aggregations)
         except Refused as exc:
             logger.info("federated job %s: %s refused: %s", job_id, step.event.kind, exc)
-            return _phase(job_id)
+            return
     for sent in aggregations:
         send_again(app, sent)
     for effect in step.effects:
@@ -78,12 +87,6 @@ def carry_out(record: FederatedRecord, step: Step) -> Phase:
             send(app, TaskName.federated_train, effect.request, device_queue(effect.request.device_id), setting=effect.setting)
         elif isinstance(effect, ClaimAndProfile):
             claim_and_profile(job_id, effect, lambda message, device, _: s.federated.note(job_id, EventKind.profiling, message, device))
-    return _phase(job_id)
-
-
-def _phase(job_id: str) -> Phase:
-    state = store().federated.state(job_id)
-    return state.phase if state is not None else Phase.starting
 
 
 def fail_aggregation(job_id: str, reason: str, round_number: int) -> None:

@@ -16,10 +16,31 @@ from torch import nn
 from edgetrain.common.artifacts import get_state, initial_model, put_state
 from edgetrain.common.devices.base import Device
 from edgetrain.common.federated.data import device_data, num_classes
-from edgetrain.common.federated.events import Accepted, Refused, RoundAggregated, UpdateAccepted, UpdateRefused
+from edgetrain.common.federated.events import Accepted, Refused, RoundAggregated, UpdateAccepted, UpdateRefused, being_aggregated
 from edgetrain.common.federated.fairness import score
-from edgetrain.common.federated.records import AggregateRequest, FederatedRecord, FederatedState, LocalUpdate, Phase, TrainRequest
-from edgetrain.common.federated.rounds import State, Update, aggregate, round_record, train_round
+from edgetrain.common.federated.plan import Assignment
+from edgetrain.common.federated.records import (
+    AggregateRequest,
+    FederatedRecord,
+    FederatedState,
+    LocalUpdate,
+    Phase,
+    TrainRequest,
+    Work,
+    work_key,
+)
+from edgetrain.common.federated.rounds import (
+    Buffered,
+    State,
+    Update,
+    aggregate,
+    apply_buffer,
+    buffer_record,
+    buffer_weights,
+    delta,
+    round_record,
+    train_round,
+)
 from edgetrain.common.jobs.state import EventKind
 from edgetrain.common.models import get_model
 from edgetrain.common.security import artifact_path
@@ -33,43 +54,35 @@ from .federated import fail_aggregation
 logger = get_task_logger(__name__)
 
 
-def _global(record: FederatedRecord, state: FederatedState) -> tuple[nn.Module, State]:
-    """The model and the global weights of the round now (the spec's before round 1)."""
+def _global(record: FederatedRecord, weights: str) -> tuple[nn.Module, State]:
+    """The model and the global weights `weights` (the spec's own before the first aggregation)."""
     spec = record.spec
     model = initial_model(spec.model, spec.weights, num_classes(spec), settings().artifact_dir)
-    if state.global_weights == spec.weights:
+    if weights == spec.weights:
         return model, {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return model, get_state(state.global_weights, settings().artifact_dir)
+    return model, get_state(weights, settings().artifact_dir)
 
 
 @app.task(name=TaskName.federated_train.value, bind=True, pydantic=True, reject_on_worker_lost=False)
 def federated_train(self: Task, request: TrainRequest) -> str:
-    """Train this device's local steps of an open round from the global model, store the update
-    and hand it in; returns what became of it (common/federated/events.py: Accepted). Nothing
-    trains for a round that closed, a task the round does not assign, or a second delivery of
-    a task whose update is in."""
+    """Train this device's local steps of an open round (buffered: of its work in flight) from
+    the global model, store the update and hand it in; returns what became of it
+    (common/federated/events.py: Accepted). Nothing trains for a round that closed (a work no
+    longer in flight), a task the round does not assign, or a second delivery of a task whose
+    update is in."""
     device = bound_device(request.device_id)
     s, job_id, r = store(), request.job_id, request.round
     record, state = s.federated.record(job_id), s.federated.state(job_id)
     if record is None or state is None:
         return "unknown job"
-    if state.round != r or state.phase != Phase.training:
-        logger.info("federated %s round %d on %s: the round is closed", job_id, r, request.device_id)
-        return Accepted.late.value
-    a = state.assigned(request.device_id)
-    if a is None or (a.batch_size, a.frequency_hz, a.local_steps) != (request.batch_size, request.frequency_hz, request.local_steps):
-        work = f"b={request.batch_size} f={request.frequency_hz} x{request.local_steps}"
-        reason = f"refused: round {r} does not assign {request.device_id} {work}"
-        s.federated.note(job_id, EventKind.federated_update, reason, request.device_id)
-        return Accepted.not_assigned.value
-    if request.device_id in state.received:
-        s.federated.note(job_id, EventKind.federated_update, f"round {r}: its training was delivered again; the update is in already",
-                         request.device_id)  # fmt: skip
-        return Accepted.duplicate.value
+    found = _work(state, request)
+    if isinstance(found, Accepted):
+        return found.value
+    what = f"work {request.work}" if request.work is not None else f"round {r}"
     try:
-        update = _train(record, state, request, device)
-    except Exception as exc:  # its data, the model or the device: say why in the job's events; the round goes on without it
-        reason = f"round {r}: local training failed: {describe(exc)}"
+        update = _train(record, request, device, *found)
+    except Exception as exc:  # its data, the model or the device: say why in the job's events; the job goes on without it
+        reason = f"{what}: local training failed: {describe(exc)}"
         s.federated.note(job_id, EventKind.federated_update, reason, request.device_id)
         raise TaskFailed(reason) from exc
     try:
@@ -78,64 +91,112 @@ def federated_train(self: Task, request: TrainRequest) -> str:
     except UpdateRefused as exc:
         _remove(update.weights)  # this run's own artifact: an accepted update names another
         outcome = exc.outcome
-        s.federated.note(job_id, EventKind.federated_update, f"round {r}: update discarded ({outcome.value}: {exc})", request.device_id)
+        s.federated.note(job_id, EventKind.federated_update, f"{what}: update discarded ({outcome.value}: {exc})", request.device_id)
     send(app, TaskName.federated_advance, job_id)
     return outcome.value
 
 
-def _train(record: FederatedRecord, state: FederatedState, request: TrainRequest, device: Device) -> LocalUpdate:
-    """Train the assignment's local steps from the global weights and store the update's weights
-    under a name of this run's own."""
-    spec, a = record.spec, state.assigned(request.device_id)
-    assert a is not None, "the round assigns the device"
-    model, start = _global(record, state)
+def _work(state: FederatedState, request: TrainRequest) -> tuple[Assignment, str, Work | None] | Accepted:
+    """What the request trains: its assignment, the global weights it starts from and (buffered)
+    its work in flight; or why it trains nothing, noted in the job's events unless it is late."""
+    s, job_id, device_id = store(), request.job_id, request.device_id
+    work = state.work(request.work) if request.work is not None and state.phase == Phase.training else None
+    if request.work is not None:
+        what = f"work {request.work}"
+        a, weights = (work.assignment, work.weights) if work is not None else (None, None)
+        late = work is None and work_key(device_id, request.work) not in {**state.received, **state.aggregating}
+    else:
+        what, a, weights = f"round {request.round}", state.assigned(device_id), state.global_weights
+        late = state.round != request.round or state.phase != Phase.training
+    if late:
+        logger.info("federated %s %s on %s: no longer in flight", job_id, what, device_id)
+        return Accepted.late
+    duplicate = work is None if request.work is not None else device_id in state.received
+    asked = (device_id, request.batch_size, request.frequency_hz, request.local_steps)
+    if (a is None or weights is None or (a.device_id, a.batch_size, a.frequency_hz, a.local_steps) != asked) and not (
+        duplicate and request.work is not None
+    ):
+        work_asked = f"b={request.batch_size} f={request.frequency_hz} x{request.local_steps}"
+        s.federated.note(job_id, EventKind.federated_update, f"refused: {what} does not assign {device_id} {work_asked}", device_id)
+        return Accepted.not_assigned
+    if duplicate or a is None or weights is None:
+        again = f"{what}: its training was delivered again; the update is in already"
+        s.federated.note(job_id, EventKind.federated_update, again, device_id)
+        return Accepted.duplicate
+    return a, weights, work
+
+
+def _train(record: FederatedRecord, request: TrainRequest, device: Device, a: Assignment, start_weights: str,
+           work: Work | None) -> LocalUpdate:  # fmt: skip
+    """Train the assignment's local steps from the global weights `start_weights` and store the
+    update's weights (buffered: their change from the start) under a name of this run's own."""
+    spec = record.spec
+    model, start = _global(record, start_weights)
     data = device_data(spec, request.device_id)
     device.bind_workload(measure_workload(spec.model, model, get_model(spec.model).example_input(num_classes(spec))))
     try:
-        result, trained = train_round(spec, model, start, data, a, request.round, device)
+        result, trained = train_round(spec, model, start, data, a, request.work or request.round, device)
     finally:
         device.restore()
     name = f"fed-{record.job_id}-r{request.round}-{request.device_id}-{uuid.uuid4().hex[:8]}"
-    weights = put_state(result.state, name, settings().artifact_dir)
+    weights = put_state(result.state if work is None else delta(result.state, start), name, settings().artifact_dir)
     return LocalUpdate(job_id=record.job_id, device_id=request.device_id, round=request.round, weights=weights, held_samples=len(data),
-                       trained=trained)  # fmt: skip
+                       trained=trained, work=request.work, started_s=work.started_s if work is not None else 0.0)  # fmt: skip
 
 
 @app.task(name=TaskName.federated_aggregate.value, pydantic=True)
 def federated_aggregate(request: AggregateRequest) -> float | None:
-    """The job's aggregation (FedAvg or FedNova) of the updates the closed round accepted, the
-    new global model's accuracy on the server's test set and on each device's held-out data,
-    and the round recorded; a round aggregated already is left as it is (None). Returns the
-    global accuracy."""
+    """The job's aggregation of the updates the closed round accepted (FedAvg or FedNova; buffered:
+    the buffer's changes weighted by samples and staleness), the new global model's accuracy on
+    the server's test set and on each device's held-out data, and the round recorded; a round
+    aggregated already is left as it is (None). Returns the global accuracy."""
     s, job_id, r = store(), request.job_id, request.round
     record, state = s.federated.record(job_id), s.federated.state(job_id)
-    if record is None or state is None or state.phase != Phase.aggregating or state.round != r:
+    if record is None or state is None or being_aggregated(state) != r:
         return None
     updates, ignored = s.federated.updates(job_id, state)
     if ignored:
         s.federated.note(job_id, EventKind.federated_update, f"round {r}: ignored entries the round never accepted: {', '.join(ignored)}")
-    used = [updates[d] for d in state.closed_with if d in updates]
+    used = [updates[k] for k in (sorted(state.aggregating) if state.buffered else state.closed_with) if k in updates]
+    stale = [r - u.round for u in used]
     try:
-        model, current = _global(record, state)
-        to_merge = [Update(get_state(u.weights, settings().artifact_dir), u.held_samples, u.trained.assignment) for u in used]
-        merged = aggregate(record.spec, current, to_merge) if used else current
-        weights = put_state(merged, f"fed-{job_id}-r{r}-global", settings().artifact_dir) if used else state.global_weights
+        model, current = _global(record, state.global_weights)
+        states = [get_state(u.weights, settings().artifact_dir) for u in used]
+        if state.buffered:
+            merged = apply_buffer(current, list(zip(states, buffer_weights(record.spec, [u.held_samples for u in used], stale))))
+        else:
+            merged = aggregate(record.spec, current, [Update(w, u.held_samples, u.trained.assignment) for w, u in zip(states, used)])
+        weights = put_state(merged, f"fed-{job_id}-r{r}-global", settings().artifact_dir)
         accuracy, held_out = score(record.spec, model, merged)
-    except Exception as exc:  # the server cannot aggregate or evaluate (the test set, the weights): the job fails, saying why
+    except Exception as exc:  # the server cannot aggregate or evaluate (the test set, the weights, no update): the job fails, saying why
         reason = f"round {r}: aggregation failed: {describe(exc)}"
         fail_aggregation(job_id, reason, r)
         raise TaskFailed(reason) from exc
-    done = round_record(r, accuracy, [u.trained for u in used], state.elapsed_s, [a.device_id for a in state.assignments], held_out)
+    if state.buffered:
+        buffered = [Buffered(u.trained, u.work or 0, u.finished_s, st) for u, st in zip(used, stale)]
+        done = buffer_record(r, accuracy, buffered, state.elapsed_s, held_out)
+    else:
+        done = round_record(r, accuracy, [u.trained for u in used], state.elapsed_s, [a.device_id for a in state.assignments], held_out)
     try:
         s.federated.apply(job_id, RoundAggregated(record=done, weights=weights))
     except Refused:
         return None
     for u in updates.values():
         _remove(u.weights)
-    if state.global_weights != record.spec.weights and state.global_weights != weights:
-        _remove(state.global_weights)
+    after = s.federated.state(job_id)
+    _prune_globals(job_id, {weights, *(w.weights for w in (after.in_flight if after else []))})
     send(app, TaskName.federated_advance, job_id)
     return accuracy
+
+
+def _prune_globals(job_id: str, keep: set[str]) -> None:
+    """Delete the job's superseded global models but those in `keep` (the newest, and those a
+    buffered work in flight starts from)."""
+    folder = settings().artifact_dir
+    kept = {artifact_path(w, folder)[0] for w in keep if w.startswith("artifact:")}
+    for path in folder.glob(f"fed-{job_id}-r*-global*"):
+        if path not in kept:
+            path.unlink(missing_ok=True)
 
 
 def _remove(weights: str) -> None:

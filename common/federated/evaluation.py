@@ -11,6 +11,7 @@ Device time and energy come from the twins: SIMULATED. Accuracy comes from real 
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -27,13 +28,14 @@ from ..limits import MAX_SEEDS
 from ..schemas import RelationVector, Seeds, Strict, TrainingOutcome
 from .plan import Assignment
 from .records import RoundRecord
-from .simulate import FEDNOVA, VECTOR, FederatedRun, simulate, twin_table
+from .simulate import ASYNC, FEDNOVA, VECTOR, FederatedRun, simulate, twin_table
 from .spec import DEADLINE, FederatedSpec
 from .vector import ProxyRuns, read_vector
 
 LABELS = {
     "baseline1": "Baseline 1", f"baseline1{DEADLINE}": "Baseline 1, partial work to the deadline", "equation4": "eq. (4), equal steps",
     "edgetrain": "edgetrain (time-balanced)", f"edgetrain{FEDNOVA}": "edgetrain + FedNova (time-balanced)",
+    f"edgetrain{ASYNC}": "edgetrain async (buffered)",
     f"equation4{VECTOR}": "eq. (4) + vector, equal steps", f"edgetrain{VECTOR}": "edgetrain + vector (time-balanced)",
 }  # fmt: skip
 
@@ -101,12 +103,23 @@ class FederatedEvaluationSpec(Strict):
             raise ValueError(f"vector: no r_b for the job's batch sizes {missing}")
         return self
 
+    def async_buffer_size(self) -> int:
+        """The `+async` methods' updates per aggregation: the job's `buffer_size`, else half its devices."""
+        return self.job.aggregation.buffer_size or max(1, len(self.job.devices) // 2)
+
     def run_spec(self, method: str, seed: int) -> FederatedSpec:
-        """The job of one run: `method` (without `+vector` or `+fednova`) choosing every device's
-        work, aggregated with FedNova for a `+fednova` method and FedAvg otherwise, `seed` its seed."""
-        local = self.job.local.model_copy(update={"method": method.removesuffix(FEDNOVA).removesuffix(VECTOR)})
-        aggregation = self.job.aggregation.model_copy(update={"rule": "fednova" if method.endswith(FEDNOVA) else "fedavg"})
-        return self.job.model_copy(update={"seed": seed, "local": local, "aggregation": aggregation})
+        """The job of one run: `method` (without `+vector`, `+fednova` or `+async`) choosing every
+        device's work, aggregated with FedNova for a `+fednova` method, buffered for an `+async`
+        one (`async_buffer_size`; as many local works at most as `max_rounds` rounds of every
+        device) and FedAvg in rounds otherwise, `seed` its seed."""
+        local = self.job.local.model_copy(update={"method": method.removesuffix(FEDNOVA).removesuffix(VECTOR).removesuffix(ASYNC)})
+        rounds = {"mode": "rounds", "buffer_size": None, "rule": "fednova" if method.endswith(FEDNOVA) else "fedavg"}
+        buffered = {"mode": "buffered", "rule": "fedavg", "buffer_size": self.async_buffer_size()}
+        aggregation = self.job.aggregation.model_copy(update=buffered if method.endswith(ASYNC) else rounds)
+        most = self.job.max_rounds
+        if method.endswith(ASYNC):
+            most = math.ceil(most * len(self.job.devices) / self.async_buffer_size())
+        return self.job.model_copy(update={"seed": seed, "local": local, "aggregation": aggregation, "max_rounds": most})
 
 
 class MethodSummary(Strict):

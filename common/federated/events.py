@@ -14,6 +14,14 @@ ledger of sent tasks, a round appended); nothing else writes a federated job's s
         --RoundClosed-->      aggregating    every update is in, or the round's deadline passed
     aggregating
         --RoundAggregated-->  aggregated     the new global model and its accuracy
+    buffered (aggregation.mode buffered: no rounds; `round` counts the aggregations)
+    starting | training
+        --WorkStarted-->      training       idle devices' next work, each from the newest global model
+    training
+        --UpdateAccepted-->   training       a work in flight hands in its update, as assigned, once: into the buffer
+        --WorkExpired-->      training       works past their deadline are dropped (their devices start again)
+        --BufferClosed-->     training       the buffer goes to the server; a new one fills meanwhile
+        --RoundAggregated-->  training       the new global model and its accuracy (round + 1)
     any phase but a final one
         --Waiting-->          same phase     a notice for status (None clears it)
         --Finished-->         completed | failed
@@ -32,7 +40,7 @@ from pydantic import Field
 from ..jobs.state import EventField, EventKind, Refused
 from ..schemas import Strict
 from .plan import Assignment
-from .records import FINAL, FederatedState, LocalUpdate, Phase, RoundRecord
+from .records import FINAL, FederatedState, LocalUpdate, Phase, RoundRecord, Work
 
 
 class Accepted(str, Enum):
@@ -94,6 +102,27 @@ class RoundAggregated(_Event):
     weights: str
 
 
+class WorkStarted(_Event):
+    """Buffered: these devices (none with a work in flight) start these works."""
+
+    kind: Literal["work_started"] = "work_started"
+    works: list[Work] = Field(min_length=1)
+
+
+class WorkExpired(_Event):
+    """Buffered: these works in flight passed their deadline without an update."""
+
+    kind: Literal["work_expired"] = "work_expired"
+    works: list[int] = Field(min_length=1)
+
+
+class BufferClosed(_Event):
+    """Buffered: the buffer's updates go to the server as aggregation `round`."""
+
+    kind: Literal["buffer_closed"] = "buffer_closed"
+    round: int = Field(ge=1)
+
+
 class Finished(_Event):
     """The job ends: it reached its target, or cannot go on (`reason` says which)."""
 
@@ -111,7 +140,17 @@ class Cancelled(_Event):
 
 
 FederatedEvent = Annotated[
-    Waiting | RoundOpened | UpdateAccepted | RoundClosed | RoundAggregated | Finished | Cancelled, Field(discriminator="kind")
+    Waiting
+    | RoundOpened
+    | UpdateAccepted
+    | RoundClosed
+    | RoundAggregated
+    | WorkStarted
+    | WorkExpired
+    | BufferClosed
+    | Finished
+    | Cancelled,
+    Field(discriminator="kind"),
 ]
 
 
@@ -140,7 +179,7 @@ def _waiting(state: FederatedState, event: Waiting, now: datetime) -> Change:
 
 
 def _finished(state: FederatedState, event: Finished, now: datetime) -> Change:
-    if event.aggregating is not None and (state.phase, state.round) != (Phase.aggregating, event.aggregating):
+    if event.aggregating is not None and being_aggregated(state) != event.aggregating:
         raise Refused(f"round {event.aggregating} is not being aggregated (round {state.round}, {state.phase.value})")
     kind = EventKind.completed if event.phase == Phase.completed else EventKind.failed
     return _change(state, now, _ended(event.phase, event.reason), kind, event.reason)
@@ -150,7 +189,16 @@ def _cancelled(state: FederatedState, event: Cancelled, now: datetime) -> Change
     return _change(state, now, _ended(Phase.cancelled, event.reason), EventKind.cancelled, event.reason)
 
 
+def being_aggregated(state: FederatedState) -> int | None:
+    """The round (buffered: the aggregation) the server aggregates now, if any."""
+    if state.buffered:
+        return state.round + 1 if state.aggregating else None
+    return state.round if state.phase == Phase.aggregating else None
+
+
 def _opened(state: FederatedState, event: RoundOpened, now: datetime) -> Change:
+    if state.buffered:
+        raise Refused("a buffered job opens no rounds")
     _expect(state, event, Phase.starting, Phase.aggregated)
     if event.round != state.round + 1:
         raise Refused(f"round {event.round} does not follow round {state.round}")
@@ -161,6 +209,8 @@ def _opened(state: FederatedState, event: RoundOpened, now: datetime) -> Change:
 
 
 def _closed(state: FederatedState, event: RoundClosed, now: datetime) -> Change:
+    if state.buffered:
+        raise Refused("a buffered job closes no rounds")
     _expect(state, event, Phase.training)
     if event.round != state.round:
         raise Refused(f"round {event.round} is not open (round {state.round})")
@@ -173,6 +223,8 @@ def _closed(state: FederatedState, event: RoundClosed, now: datetime) -> Change:
 
 
 def _aggregated(state: FederatedState, event: RoundAggregated, now: datetime) -> Change:
+    if state.buffered:
+        return _buffer_aggregated(state, event, now)
     _expect(state, event, Phase.aggregating)
     done = event.record
     if done.round != state.round:
@@ -187,7 +239,7 @@ def _aggregated(state: FederatedState, event: RoundAggregated, now: datetime) ->
 
 
 def _update(state: FederatedState, event: UpdateAccepted, now: datetime) -> Change:
-    return _accepted(state, event.update, now)
+    return _buffered_update(state, event.update, now) if state.buffered else _accepted(state, event.update, now)
 
 
 def _accepted(state: FederatedState, update: LocalUpdate, now: datetime) -> Change:
@@ -209,14 +261,99 @@ def _accepted(state: FederatedState, update: LocalUpdate, now: datetime) -> Chan
     return change.model_copy(update={"device_id": update.device_id})
 
 
+def _work_started(state: FederatedState, event: WorkStarted, now: datetime) -> Change:
+    _expect_buffered(state, event)
+    _expect(state, event, Phase.starting, Phase.training)
+    busy = {w.device_id for w in state.in_flight}
+    if clash := sorted(busy & {w.device_id for w in event.works}):
+        raise Refused(f"{', '.join(clash)} have work in flight already")
+    numbers = [w.work for w in event.works]
+    if numbers != list(range(state.works_sent + 1, state.works_sent + 1 + len(numbers))):
+        raise Refused(f"works {numbers} do not follow work {state.works_sent}")
+    if wrong := [w.work for w in event.works if w.round != state.round + 1]:
+        raise Refused(f"works {wrong} do not start from the newest global model (aggregation {state.round})")
+    in_flight = [*state.in_flight, *event.works]
+    changes = {"phase": Phase.training, "in_flight": in_flight, "works_sent": numbers[-1], "notice": None,
+               "deadline_at": min(w.deadline_at for w in in_flight)}  # fmt: skip
+    message = f"works {numbers[0]}..{numbers[-1]} started from aggregation {state.round}: " + work_line([w.assignment for w in event.works])
+    return _change(state, now, changes, EventKind.federated_round, message, {"round": state.round, "devices": len(event.works)})
+
+
+def _work_expired(state: FederatedState, event: WorkExpired, now: datetime) -> Change:
+    _expect_buffered(state, event)
+    _expect(state, event, Phase.training)
+    gone = [w for w in state.in_flight if w.work in event.works]
+    if len(gone) != len(set(event.works)):
+        raise Refused(f"works {sorted(set(event.works) - {w.work for w in gone})} are not in flight")
+    left = [w for w in state.in_flight if w.work not in event.works]
+    changes = {"in_flight": left, "deadline_at": min((w.deadline_at for w in left), default=None), "empty_rounds": state.empty_rounds + 1}
+    each = ", ".join(f"{w.work} ({w.device_id})" for w in gone)
+    return _change(state, now, changes, EventKind.federated_round, f"no update by the deadline of works {each}: dropped",
+                   {"round": state.round, "devices": len(gone)})  # fmt: skip
+
+
+def _buffer_closed(state: FederatedState, event: BufferClosed, now: datetime) -> Change:
+    _expect_buffered(state, event)
+    _expect(state, event, Phase.training)
+    if state.aggregating:
+        raise Refused(f"aggregation {state.round + 1} runs already")
+    if event.round != state.round + 1 or not state.received:
+        raise Refused(f"aggregation {event.round} does not follow aggregation {state.round} with a buffer of updates")
+    changes = {"aggregating": state.received, "received": {}}
+    message = f"aggregation {event.round}: buffer closed with {len(state.received)} updates ({', '.join(sorted(state.received))})"
+    return _change(state, now, changes, EventKind.federated_round, message, {"round": event.round, "updates": len(state.received)})
+
+
+def _buffer_aggregated(state: FederatedState, event: RoundAggregated, now: datetime) -> Change:
+    done = event.record
+    if being_aggregated(state) != done.round:
+        raise Refused(f"aggregation {done.round} is not being aggregated (aggregation {state.round} done)")
+    changes = {"round": done.round, "global_weights": event.weights, "accuracy": done.accuracy, "elapsed_s": done.elapsed_s,
+               "aggregating": {}}  # fmt: skip
+    message = f"aggregation {done.round} of {len(done.devices)} updates: global accuracy {done.accuracy:.4f}"
+    return _change(state, now, changes, EventKind.federated_round, message,
+                   {"round": done.round, "updates": len(done.devices), "accuracy": done.accuracy})  # fmt: skip
+
+
+def _buffered_update(state: FederatedState, update: LocalUpdate, now: datetime) -> Change:
+    """An update joins the buffer: only from a work in flight, as that work assigned, once."""
+    work = state.work(update.work) if update.work is not None and state.phase == Phase.training else None
+    if work is None:
+        if update.key in state.received or update.key in state.aggregating:
+            raise UpdateRefused(Accepted.duplicate, f"the update of work {update.work} ({update.device_id}) is in already")
+        raise UpdateRefused(Accepted.late, f"work {update.work} of {update.device_id} is not in flight (done, expired or never sent)")
+    if (work.device_id, work.round, work.started_s, work.assignment) != (update.device_id, update.round, update.started_s,
+                                                                       update.trained.assignment):  # fmt: skip
+        raise UpdateRefused(Accepted.not_assigned, f"work {work.work} does not assign {update.device_id} this work")
+    left = [w for w in state.in_flight if w.work != work.work]
+    t = update.trained
+    changes = {"in_flight": left, "deadline_at": min((w.deadline_at for w in left), default=None), "empty_rounds": 0,
+               "received": {**state.received, update.key: update.digest()},
+               "device_clock_s": {**state.device_clock_s, update.device_id: update.finished_s}}  # fmt: skip
+    sim = " (SIMULATED)" if t.simulated else ""
+    message = f"work {work.work}: update in, {t.samples} samples, {t.device_time_s:.2f} s, {t.energy_j:.1f} J{sim}"
+    change = _change(state, now, changes, EventKind.federated_update, message, {"round": update.round, "samples": t.samples})
+    return change.model_copy(update={"device_id": update.device_id})
+
+
+def _expect_buffered(state: FederatedState, event: _Event) -> None:
+    if not state.buffered:
+        raise Refused(f"{type(event).__name__} applies only to a buffered job")
+
+
+def work_line(plan: list[Assignment]) -> str:
+    """Each device's (b, f) and local steps, in words."""
+    return ", ".join(f"{a.device_id} b={a.batch_size} f={a.frequency_hz / 1e6:g} MHz x{a.local_steps}" for a in plan)
+
+
 def opened_message(round_number: int, plan: list[Assignment]) -> str:
     """The log line of an opened round: each device's (b, f) and local steps."""
-    each = ", ".join(f"{a.device_id} b={a.batch_size} f={a.frequency_hz / 1e6:g} MHz x{a.local_steps}" for a in plan)
-    return f"round {round_number} opened: {each}"
+    return f"round {round_number} opened: {work_line(plan)}"
 
 
 def _ended(phase: Phase, reason: str) -> dict[str, object]:
-    return {"phase": phase, "reason": reason, "assignments": [], "received": {}, "deadline_at": None, "notice": None}
+    return {"phase": phase, "reason": reason, "assignments": [], "received": {}, "deadline_at": None, "notice": None, "in_flight": [],
+            "aggregating": {}}  # fmt: skip
 
 
 def _expect(state: FederatedState, event: _Event, *phases: Phase) -> None:
@@ -238,5 +375,5 @@ def _change(state: FederatedState, now: datetime, changes: Mapping[str, object],
 
 _RULES: dict[type, Callable[[FederatedState, Any, datetime], Change]] = {
     Waiting: _waiting, Finished: _finished, Cancelled: _cancelled, RoundOpened: _opened, UpdateAccepted: _update, RoundClosed: _closed,
-    RoundAggregated: _aggregated,
+    RoundAggregated: _aggregated, WorkStarted: _work_started, WorkExpired: _work_expired, BufferClosed: _buffer_closed,
 }  # fmt: skip

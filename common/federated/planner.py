@@ -8,6 +8,7 @@ whether it applies) and, when it applied, carries out its effects (common/jobs/e
 - A round open: once every assigned update is in, or its deadline passed, `RoundClosed` with
   the round's aggregation (an effect kept in the ledger of sent tasks); else nothing.
 - A round being aggregated: nothing (the aggregation moves the job on).
+- A buffered job (aggregation.mode buffered): `_buffered`, works instead of rounds.
 - Before round 1 or after an aggregated round: `Finished` when the global model reached the
   target, when `EMPTY_ROUNDS` rounds in a row closed without an update, or after
   `max_rounds`; else `Waiting` while no device of the job is heard from or a lookup table is
@@ -27,9 +28,9 @@ from ..models import get_model
 from ..payloads import profile_request
 from ..schemas import DeviceCap, DeviceInfo, ProfileTable, ProfilingOptions
 from ..tables import NoTable, Profile, Reuse, TableNeed
-from .events import Cancelled, FederatedEvent, Finished, RoundClosed, RoundOpened, Waiting
-from .plan import DeviceInRound, assign, participants
-from .records import FINAL, AggregateRequest, FederatedRecord, FederatedState, Phase, TrainRequest
+from .events import BufferClosed, Cancelled, FederatedEvent, Finished, RoundClosed, RoundOpened, Waiting, WorkExpired, WorkStarted
+from .plan import Assignment, DeviceInRound, assign, participants
+from .records import FINAL, AggregateRequest, FederatedRecord, FederatedState, Phase, TrainRequest, Work
 
 EMPTY_ROUNDS = 3  # rounds in a row without an update after which a job fails
 
@@ -65,6 +66,8 @@ def plan_round(view: RoundView) -> Step:
         return Step(None)
     if view.cancel_requested_at is not None:
         return Step(Cancelled(reason=f"cancelled at {view.cancel_requested_at:%Y-%m-%d %H:%M:%S} UTC"))
+    if state.buffered:
+        return _buffered(view)
     if state.phase == Phase.aggregating:
         return Step(None)
     if state.phase == Phase.training:
@@ -78,26 +81,44 @@ def plan_round(view: RoundView) -> Step:
 
 def _next_round(view: RoundView) -> Step:
     """After round `state.round` (0: none yet): finish the job, wait, or open the next round."""
-    state, spec = view.state, view.record.spec
-    accuracy = f"{state.accuracy:.4f}" if state.accuracy is not None else "none"
-    if state.accuracy is not None and state.accuracy >= spec.target_accuracy:
-        reason = f"global accuracy {accuracy} reached the target {spec.target_accuracy} in round {state.round}"
-        return Step(Finished(phase=Phase.completed, reason=reason))
-    if state.empty_rounds >= EMPTY_ROUNDS:
-        reason = f"no device handed in an update in {EMPTY_ROUNDS} rounds in a row (the events say why)"
-        return Step(Finished(phase=Phase.failed, reason=reason))
-    if state.round >= spec.max_rounds:
-        reason = f"the target {spec.target_accuracy} was not reached in {spec.max_rounds} rounds (global accuracy {accuracy})"
-        return Step(Finished(phase=Phase.failed, reason=reason))
+    if (finish := _finish(view)) is not None:
+        return finish
     if not view.live:
         return Step(Waiting(notice="no device of the job is heard from: the next round starts when one is"))
+    tables = _tables(view)
+    return tables if isinstance(tables, Step) else _open(view, tables)
+
+
+def _finish(view: RoundView) -> Step | None:
+    """`Finished` when the global model reached the target, after `EMPTY_ROUNDS` rounds in a row
+    without an update (buffered: as many deadlines passed in a row without one), or after
+    `max_rounds` rounds (buffered: aggregations); else None."""
+    state, spec = view.state, view.record.spec
+    rounds = "aggregations" if state.buffered else "rounds"
+    accuracy = f"{state.accuracy:.4f}" if state.accuracy is not None else "none"
+    if state.accuracy is not None and state.accuracy >= spec.target_accuracy:
+        reason = f"global accuracy {accuracy} reached the target {spec.target_accuracy} in {rounds.removesuffix('s')} {state.round}"
+        return Step(Finished(phase=Phase.completed, reason=reason))
+    if state.empty_rounds >= EMPTY_ROUNDS:
+        times = "works' deadlines passed" if state.buffered else "rounds"
+        reason = f"no device handed in an update in {EMPTY_ROUNDS} {times} in a row (the events say why)"
+        return Step(Finished(phase=Phase.failed, reason=reason))
+    if state.round >= spec.max_rounds:
+        reason = f"the target {spec.target_accuracy} was not reached in {spec.max_rounds} {rounds} (global accuracy {accuracy})"
+        return Step(Finished(phase=Phase.failed, reason=reason))
+    return None
+
+
+def _tables(view: RoundView) -> dict[str, ProfileTable] | Step:
+    """The lookup table of every live device's type, or the step that gets them: `Finished`
+    (failed) when one cannot be had, `Waiting` with a profile of each one missing."""
     needs = {t: view.tables[t] for t in sorted({d.device_type for d in view.live.values()})}
     if failed := {t: n.reason for t, n in needs.items() if isinstance(n, NoTable)}:
         why = "; ".join(f"{t}: {reason}" for t, reason in failed.items())
         return Step(Finished(phase=Phase.failed, reason=f"no lookup table: {why}"))
     if profiles := {t: n for t, n in needs.items() if isinstance(n, Profile)}:
         return Step(Waiting(notice=f"waiting for the lookup tables of {', '.join(profiles)}"), _profiles(view, profiles))
-    return _open(view, {t: n.table for t, n in needs.items() if isinstance(n, Reuse)})
+    return {t: n.table for t, n in needs.items() if isinstance(n, Reuse)}
 
 
 def _profiles(view: RoundView, needs: dict[str, Profile]) -> tuple[Effect, ...]:
@@ -118,31 +139,60 @@ def _table_id(view: RoundView, device_type: str) -> str:
 
 def _open(view: RoundView, tables: dict[str, ProfileTable]) -> Step:
     """Round `state.round + 1`: its participants, each one's (b, f*_b) under its cap and local work."""
-    state, spec, job_id = view.state, view.record.spec, view.record.job_id
+    state, spec = view.state, view.record.spec
     r = state.round + 1
     taking_part = participants([d.device_id for d in spec.devices if d.device_id in view.live], spec.participation.fraction, spec.seed, r)
-    devices = [view.live[d] for d in taking_part]
     try:
-        plan = assign([DeviceInRound(d.device_id, d.device_type, cap_in(view, d.device_id, r), tables[d.device_type],
-                                     d.power_envelope_w) for d in devices], spec.local)  # fmt: skip
+        plan = _assign(view, taking_part, tables, r)
     except ValueError as exc:
         return Step(Finished(phase=Phase.failed, reason=f"round {r}: {exc}"))
     opened = RoundOpened(round=r, assignments=plan, deadline_at=view.now + timedelta(seconds=spec.participation.deadline_s))
-    sends = tuple(
-        SendTrain(
-            TrainRequest(
-                job_id=job_id,
-                round=r,
-                device_id=a.device_id,
-                batch_size=a.batch_size,
-                frequency_hz=a.frequency_hz,
-                local_steps=a.local_steps,
-            ),
-            view.live[a.device_id].control.describe(a.frequency_hz),
-        )  # fmt: skip
-        for a in plan
-    )
-    return Step(opened, sends)
+    return Step(opened, tuple(_send(view, a, r) for a in plan))
+
+
+def _assign(view: RoundView, device_ids: list[str], tables: dict[str, ProfileTable], r: int) -> list[Assignment]:
+    """Each device's (b, f*_b) under its cap in round `r` and local work, balanced over them."""
+    devices = [view.live[d] for d in device_ids]
+    return assign([DeviceInRound(d.device_id, d.device_type, cap_in(view, d.device_id, r), tables[d.device_type], d.power_envelope_w)
+                   for d in devices], view.record.spec.local)  # fmt: skip
+
+
+def _send(view: RoundView, a: Assignment, r: int, work: int | None = None) -> SendTrain:
+    request = TrainRequest(job_id=view.record.job_id, round=r, device_id=a.device_id, batch_size=a.batch_size,
+                           frequency_hz=a.frequency_hz, local_steps=a.local_steps, work=work)  # fmt: skip
+    return SendTrain(request, view.live[a.device_id].control.describe(a.frequency_hz))
+
+
+def _buffered(view: RoundView) -> Step:
+    """A buffered job's next step: finish it (checked between aggregations); drop the works past
+    their deadline; hand a full buffer to the server (`BufferClosed` with its aggregation, kept
+    in the ledger); else start every idle live device's next work from the newest global model
+    (its work chosen with every live device's, under its cap at the next aggregation)."""
+    state, spec, job_id = view.state, view.record.spec, view.record.job_id
+    if not state.aggregating and (finish := _finish(view)) is not None:
+        return finish
+    if expired := [w.work for w in state.in_flight if view.now >= w.deadline_at]:
+        return Step(WorkExpired(works=expired))
+    r = state.round + 1
+    if not state.aggregating and len(state.received) >= (spec.aggregation.buffer_size or 1):
+        return Step(BufferClosed(round=r), (Aggregate(AggregateRequest(job_id=job_id, round=r)),))
+    busy = {w.device_id for w in state.in_flight}
+    idle = [d.device_id for d in spec.devices if d.device_id in view.live and d.device_id not in busy]
+    if not view.live and not busy:
+        return Step(Waiting(notice="no device of the job is heard from: work starts when one is"))
+    if not idle or state.round + (1 if state.aggregating else 0) >= spec.max_rounds:
+        return Step(None)
+    tables = _tables(view)
+    if isinstance(tables, Step):
+        return tables
+    try:
+        plan = [a for a in _assign(view, [d.device_id for d in spec.devices if d.device_id in view.live], tables, r) if a.device_id in idle]
+    except ValueError as exc:
+        return Step(Finished(phase=Phase.failed, reason=f"aggregation {r}: {exc}"))
+    deadline_at = view.now + timedelta(seconds=spec.participation.deadline_s)
+    works = [Work(work=state.works_sent + i, round=r, weights=state.global_weights, started_s=state.device_clock_s.get(a.device_id, 0.0),
+                  deadline_at=deadline_at, assignment=a) for i, a in enumerate(plan, 1)]  # fmt: skip
+    return Step(WorkStarted(works=works), tuple(_send(view, w.assignment, r, w.work) for w in works))
 
 
 def cap_in(view: RoundView, device_id: str, round_number: int) -> float | None:

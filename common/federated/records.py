@@ -80,6 +80,8 @@ class RoundRecord(Strict):
     devices: list[DeviceRound]
     missing: list[str] = Field(default_factory=list)
     device_accuracy: dict[str, float] = Field(default_factory=dict, description="device id -> accuracy on its held-out data")
+    staleness: list[int] = Field(default_factory=list, description="buffered: each update's staleness, as `devices`")
+    works: list[int] = Field(default_factory=list, description="buffered: each update's work, as `devices`")
 
     def fairness(self) -> Fairness | None:
         """Mean, worst and spread of `device_accuracy` (None without it)."""
@@ -88,7 +90,10 @@ class RoundRecord(Strict):
 
 class LocalUpdate(Strict):
     """A device's update for a round: where its weights are (an artifact reference), the
-    samples it holds (its FedAvg weight) and what its local steps took."""
+    samples it holds (its FedAvg weight) and what its local steps took. Buffered: `work` names
+    the work it hands in, `round` is the aggregation its work started before (the global model
+    of `round` - 1 aggregations), `started_s` the device's clock then (device s since the job
+    started), and `weights` hold the change from the work's starting weights."""
 
     job_id: str
     device_id: Identifier
@@ -96,11 +101,47 @@ class LocalUpdate(Strict):
     weights: str
     held_samples: int = Field(gt=0)
     trained: DeviceRound
+    work: int | None = Field(None, ge=1)
+    started_s: float = Field(0.0, ge=0)
+
+    @property
+    def key(self) -> str:
+        """What the state files the update under: its device, and its work when buffered."""
+        return self.device_id if self.work is None else work_key(self.device_id, self.work)
+
+    @property
+    def finished_s(self) -> float:
+        """Buffered: the device's clock when its work was done (device s since the job started)."""
+        return self.started_s + self.trained.device_time_s
 
     def digest(self) -> str:
         """A digest of the update: the state records it when it accepts the update, so only
         that update is aggregated, whatever else is written beside it."""
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:32]
+
+
+def work_key(device_id: str, work: int) -> str:
+    """A buffered update's key: its device and its work."""
+    return f"{device_id}#{work}"
+
+
+class Work(Strict):
+    """Buffered: a device's local work in flight: its number in the job, the aggregation it
+    started before (`round`: it trains the global model of `round` - 1 aggregations, `weights`),
+    the device's clock when it started (device s), until when its update is awaited, and its
+    assignment."""
+
+    work: int = Field(ge=1)
+    round: int = Field(ge=1)
+    weights: str
+    started_s: float = Field(ge=0)
+    deadline_at: datetime
+    assignment: Assignment
+
+    @property
+    def device_id(self) -> str:
+        """The device doing the work."""
+        return self.assignment.device_id
 
 
 class FederatedRecord(Strict):
@@ -132,14 +173,24 @@ class FederatedState(Strict):
     reason: str | None = None
     notice: str | None = Field(None, description="what the job waits for, when it waits")
     updated_at: datetime = Field(default_factory=utc_now)
+    buffered: bool = Field(False, description="aggregation.mode buffered (no rounds: works in flight and a buffer)")
+    in_flight: list[Work] = Field(default_factory=list, description="buffered: each device's work in flight")
+    works_sent: int = Field(0, description="buffered: the works started so far (the last work's number)")
+    aggregating: dict[str, str] = Field(default_factory=dict, description="buffered: the buffer being aggregated (key -> digest)")
+    device_clock_s: dict[str, float] = Field(default_factory=dict, description="buffered: each device's clock (device s of its work)")
 
     def assigned(self, device_id: str) -> Assignment | None:
         """The open round's assignment of `device_id`, if it has one."""
         return next((a for a in self.assignments if a.device_id == device_id), None)
 
+    def work(self, number: int) -> Work | None:
+        """Buffered: the work in flight with this number, if it is."""
+        return next((w for w in self.in_flight if w.work == number), None)
+
 
 class TrainRequest(Strict):
-    """A device's local training in a round, as the control worker sent it."""
+    """A device's local training in a round (buffered: its work `work`), as the control worker
+    sent it."""
 
     job_id: str
     round: int = Field(ge=1)
@@ -147,6 +198,7 @@ class TrainRequest(Strict):
     batch_size: int
     frequency_hz: int
     local_steps: int
+    work: int | None = Field(None, ge=1)
 
 
 class AggregateRequest(Strict):

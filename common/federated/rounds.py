@@ -166,3 +166,58 @@ def fedavg(updates: Sequence[tuple[State, float]]) -> State:
         else:
             merged[key] = value.clone()
     return merged
+
+
+def delta(trained: State, start: State) -> State:
+    """A buffered update as it travels: each floating-point tensor's change from the weights its
+    work started from; integer buffers (counters) as trained."""
+    return {k: v - start[k] if v.is_floating_point() else v.clone() for k, v in trained.items()}
+
+
+def apply_buffer(global_state: State, deltas: Sequence[tuple[State, float]]) -> State:
+    """FedBuff's server step: w = w_g + sum_i p_i * c_i * delta_i, with p_i each update's samples
+    held over the buffer's and c_i its staleness weight (`deltas`: (delta_i, p_i * c_i) with the
+    p_i summing to 1), so a buffer of fresh updates gives FedAvg; integer buffers from the update
+    of the largest weight."""
+    if not deltas:
+        raise ValueError("no update to aggregate")
+    heaviest = max(deltas, key=lambda u: u[1])[0]
+    merged: State = {}
+    for key, value in global_state.items():
+        if value.is_floating_point():
+            moved = sum((d[key].double() * w for d, w in deltas), torch.zeros_like(value, dtype=torch.float64))
+            merged[key] = (value.double() + moved).to(value.dtype)
+        else:
+            merged[key] = heaviest[key].clone()
+    return merged
+
+
+def buffer_weights(spec: FederatedSpec, held: Sequence[int], staleness: Sequence[int]) -> list[float]:
+    """Each buffered update's weight p_i * c_i: its samples held over the buffer's, times its
+    staleness weight (`aggregation.staleness`)."""
+    total = sum(held)
+    return [n / total * spec.aggregation.staleness_weight(s) for n, s in zip(held, staleness)]
+
+
+@dataclass(frozen=True)
+class Buffered:
+    """A buffered update as its aggregation records it: what its device did, the work's number,
+    the device time at which its device finished it (s since the job started) and its staleness
+    (aggregations since its work started)."""
+
+    trained: DeviceRound
+    work: int
+    finished_s: float
+    staleness: int
+
+
+def buffer_record(number: int, accuracy: float, updates: Sequence[Buffered], elapsed_before_s: float,
+                  device_accuracy: dict[str, float] | None = None) -> RoundRecord:  # fmt: skip
+    """The record of buffered aggregation `number`: it happens when the last of its updates is
+    in, so the job's device time is the latest finish so far."""
+    elapsed = max([elapsed_before_s, *(u.finished_s for u in updates)])
+    return RoundRecord(
+        round=number, accuracy=accuracy, device_time_s=elapsed - elapsed_before_s, elapsed_s=elapsed,
+        energy_j=sum(u.trained.energy_j for u in updates), devices=[u.trained for u in updates],
+        staleness=[u.staleness for u in updates], works=[u.work for u in updates], device_accuracy=device_accuracy or {},
+    )  # fmt: skip

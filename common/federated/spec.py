@@ -3,6 +3,7 @@ server's global test set, the target global accuracy, the aggregation and who ta
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Literal
 
@@ -55,14 +56,38 @@ class FederatedDevice(Strict):
 
 
 class Aggregation(Strict):
-    """How a round's updates become the global model: `fedavg` (the updates' average weighted
-    by the samples each device holds) or `fednova` (normalized averaging: each update's change
-    divided by its device's local work, averaged with the same weights, rescaled by the
-    effective local work; common/federated/rounds.py); `mu` > 0 adds FedProx's proximal term
-    mu/2 * ||w - w_global||^2 to every local loss."""
+    """How updates become the global model. `mode`: `rounds` (every round waits for its
+    participants' updates or its deadline) or `buffered` (FedBuff: every device trains again at
+    once on the newest global model, and the server aggregates every `buffer_size` updates,
+    each weighted by the samples its device holds and by `staleness`: 1/sqrt(1 + s) for an
+    update that started s aggregations ago (`sqrt`) or 1 (`none`)). `rule` (rounds): `fedavg`
+    (the updates' average weighted by the samples each device holds) or `fednova` (normalized
+    averaging: each update's change divided by its device's local work, averaged with the same
+    weights, rescaled by the effective local work; common/federated/rounds.py); `mu` > 0 adds
+    FedProx's proximal term mu/2 * ||w - w_global||^2 to every local loss."""
 
+    mode: Literal["rounds", "buffered"] = "rounds"
+    buffer_size: int | None = Field(None, ge=1, le=MAX_FEDERATED_DEVICES, description="buffered: updates per aggregation")
+    staleness: Literal["sqrt", "none"] = Field("sqrt", description="buffered: an update's weight by its staleness s: 1/sqrt(1+s) or 1")
     rule: Literal["fedavg", "fednova"] = "fedavg"
     mu: float = Field(0.0, ge=0, le=100, description="FedProx's mu (0: plain FedAvg)")
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> Aggregation:
+        problems = []
+        if self.mode == "buffered" and self.buffer_size is None:
+            problems.append("aggregation.buffer_size: required with mode buffered (updates per aggregation)")
+        if self.mode == "rounds" and self.buffer_size is not None:
+            problems.append("aggregation.buffer_size: applies only with mode buffered")
+        if self.mode == "buffered" and self.rule == "fednova":
+            problems.append("aggregation.rule: fednova applies only with mode rounds (buffered aggregates by samples and staleness)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def staleness_weight(self, staleness: int) -> float:
+        """An update's weight for its staleness (aggregations since its work started)."""
+        return 1.0 / math.sqrt(1 + staleness) if self.staleness == "sqrt" else 1.0
 
 
 class Participation(Strict):
@@ -124,6 +149,8 @@ class FederatedSpec(Strict):
             problems.append(f"devices: each device may appear once; repeated {repeated}")
         if self.dataset is None and any(d.dataset is None for d in self.devices):
             problems.append("dataset: required when a device names no dataset of its own (it trains on its share of it)")
+        if self.aggregation.mode == "buffered" and self.participation.fraction < 1:
+            problems.append("participation.fraction: buffered mode trains every device heard from; leave it at 1")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -61,7 +61,7 @@ class FederatedStore:
     def start(self, record: FederatedRecord) -> FederatedState:
         """The job's state, made at its first advance (before round 1) with its `submitted` event."""
         k, job_id = self._keys, record.job_id
-        state = FederatedState(global_weights=record.spec.weights)
+        state = FederatedState(global_weights=record.spec.weights, buffered=record.spec.aggregation.mode == "buffered")
         if self._redis.set(k.federated_state(job_id), state.model_dump_json(), nx=True):
             submitted = JobEvent(at=record.created_at, kind=EventKind.submitted, message="federated job submitted")
             self._push_event(self._redis, job_id, submitted)
@@ -99,13 +99,16 @@ class FederatedStore:
         """Queue on `p` what follows from a change besides the state."""
         k = self._keys
         if isinstance(event, UpdateAccepted):
-            p.hset(k.federated_round(job_id, event.update.round), event.update.device_id, event.update.model_dump_json())
+            p.hset(self._updates_key(job_id, before, event.update.round), event.update.key, event.update.model_dump_json())
         if isinstance(event, RoundAggregated):
             p.rpush(k.federated_rounds(job_id), event.record.model_dump_json())
-            p.delete(k.federated_round(job_id, event.record.round))
+            if before.buffered:
+                p.hdel(k.federated_buffer(job_id), *before.aggregating)
+            else:
+                p.delete(k.federated_round(job_id, event.record.round))
         if change.state.phase in FINAL and before.phase not in FINAL:
             p.srem(k.federated_active(), job_id)
-            p.delete(k.federated_round(job_id, before.round))
+            p.delete(self._updates_key(job_id, before, before.round))
             if self.retention_s is not None:
                 for key in (k.federated(job_id), k.federated_cancel(job_id), k.federated_state(job_id), k.federated_rounds(job_id),
                             k.federated_events(job_id)):  # fmt: skip
@@ -113,6 +116,10 @@ class FederatedStore:
         if change.message is not None:
             self._push_event(p, job_id, JobEvent(kind=change.kind or EventKind.federated_round, message=change.message,
                                                  device_id=change.device_id, fields=change.fields))  # fmt: skip
+
+    def _updates_key(self, job_id: str, state: FederatedState, round_number: int) -> str:
+        """Where accepted updates are kept: per round, or (buffered) in the job's one buffer."""
+        return self._keys.federated_buffer(job_id) if state.buffered else self._keys.federated_round(job_id, round_number)
 
     def note(self, job_id: str, kind: EventKind, message: str, device_id: str | None = None) -> None:
         """Log an event of the job that changes nothing (a profile sent, an update discarded)."""
@@ -173,14 +180,18 @@ class FederatedStore:
         return [RoundRecord.model_validate_json(r) for r in self._redis.lrange(self._keys.federated_rounds(job_id), first, -1)]
 
     def updates(self, job_id: str, state: FederatedState) -> tuple[dict[str, LocalUpdate], list[str]]:
-        """The updates the state accepted in its round, by device, and the devices of the other
-        entries of the round's record: an entry the state did not accept (its digest is not the
-        one the state holds: written beside `apply`) is never aggregated."""
-        raw = {str(text(d)): u for d, u in self._redis.hgetall(self._keys.federated_round(job_id, state.round)).items()}
+        """The updates the state accepted in its round (buffered: in the buffer being
+        aggregated), by key (the device; buffered: the device and its work), and the keys of
+        the other entries: an entry the state did not accept (its digest is not the one the
+        state holds: written beside `apply`) is never aggregated."""
+        taken = state.aggregating if state.buffered else state.received
+        raw = {str(text(d)): u for d, u in self._redis.hgetall(self._updates_key(job_id, state, state.round)).items()}
+        if state.buffered:  # the buffer filling meanwhile is not this aggregation's, nor a stray entry
+            raw = {key: value for key, value in raw.items() if key not in state.received}
         accepted = {}
-        for device_id, value in raw.items():
-            if device_id in state.received and _digest_of(value) == state.received[device_id]:
-                accepted[device_id] = LocalUpdate.model_validate_json(value)
+        for key, value in raw.items():
+            if key in taken and _digest_of(value) == taken[key]:
+                accepted[key] = LocalUpdate.model_validate_json(value)
         return accepted, sorted(set(raw) - set(accepted))
 
     def events(self, job_id: str) -> list[JobEvent]:

@@ -231,3 +231,78 @@ def test_a_cap_set_on_a_device_or_scheduled_rebalances_the_rounds_from_the_next_
     planned = [d.assignment for d in rounds[set_in].devices]
     middle = statistics.median(a.expected_time_s for a in planned)
     assert all(abs(a.expected_time_s - middle) <= a.expected_time_s / a.local_steps for a in planned), planned
+
+
+def buffered_spec(**extra) -> dict:
+    """The job of `spec`, buffered: the server aggregates every 2 updates."""
+    return spec(**extra) | {"aggregation": {"mode": "buffered", "buffer_size": 2}}
+
+
+def aggregations_are_whole(status: FederatedStatus) -> None:
+    """Every aggregation once, in order, with at least a buffer's updates, and no work's update in two."""
+    rounds = status.rounds
+    assert [r.round for r in rounds] == list(range(1, len(rounds) + 1))
+    works = [w for r in rounds for w in r.works]
+    assert len(works) == len(set(works)), works
+    assert all(len(r.works) == len(r.devices) == len(r.staleness) >= 2 for r in rounds), rounds
+
+
+def test_a_buffered_job_trains_without_rounds_to_its_target_on_the_workers(cluster) -> None:
+    client = EdgeTrainClient(cluster.url)
+    job_id = client.submit(buffered_spec(target=0.8, max_rounds=40))
+    status = client.wait_federated(job_id, timeout_s=400)
+    events = [e.line() for e in status.events]
+    assert status.state.phase == "completed", (status.state.reason, events)
+    assert status.state.accuracy >= 0.8 and "in aggregation" in status.state.reason
+    aggregations_are_whole(status)
+    assert {d.assignment.device_id for r in status.rounds for d in r.devices} == set(FLEET)
+    assert any(s > 0 for r in status.rounds for s in r.staleness), "devices trained on while the server aggregated"
+    assert status.rounds[-1].elapsed_s == pytest.approx(status.state.elapsed_s)
+
+
+def test_a_buffered_work_delivered_twice_is_aggregated_once(cluster) -> None:
+    client, store = EdgeTrainClient(cluster.url), cluster.store()
+    app = producer_app(Settings(redis_url=cluster.url, redis_url_file=None))
+    job_id = client.submit(buffered_spec(target=0.8, max_rounds=40))
+
+    def nano_work():
+        state = store.federated.state(job_id)
+        return state and next((w for w in state.in_flight if w.device_id == "nano-f"), None)
+
+    w = poll_until(nano_work, 120, 0.05, "the Nano's first work")
+    a = w.assignment
+    request = TrainRequest(job_id=job_id, round=w.round, device_id="nano-f", batch_size=a.batch_size, frequency_hz=a.frequency_hz,
+                           local_steps=a.local_steps, work=w.work)  # fmt: skip
+    send(app, TaskName.federated_train, request, device_queue("nano-f"))  # the same work, delivered again
+    status = client.wait_federated(job_id, timeout_s=400)
+    events = [e.line() for e in status.events]
+    assert status.state.phase == "completed", (status.state.reason, events)
+    aggregations_are_whole(status)
+    assert sum(r.works.count(w.work) for r in status.rounds) == 1, events  # one of the two copies, once
+    send(app, TaskName.federated_train, request, device_queue("nano-f"))  # after the job ended: trains nothing
+    time.sleep(3)
+    assert client.federated_status(job_id).rounds == status.rounds
+
+
+def test_a_buffered_job_goes_on_past_a_frozen_device_and_a_restarted_control_worker(cluster) -> None:
+    """The TX2 frozen: its work expires at its deadline and the others' updates fill the buffers;
+    the control worker killed while a buffer is aggregated: nothing lost or aggregated twice."""
+    client, store = EdgeTrainClient(cluster.url), cluster.store()
+    job_id = client.submit(buffered_spec(target=0.92, deadline_s=4.0, max_rounds=300))  # not reached before the TX2 expires
+    frozen = cluster.worker("device-tx2-f")
+    poll_until(lambda: (s := store.federated.state(job_id)) and s.works_sent >= 3 or None, 120, 0.05, "the first works")
+    frozen.signal(signal.SIGSTOP)
+    try:
+        poll_until(lambda: any("no update by the deadline" in e.message for e in store.federated.events(job_id)) or None, 60, 0.2,
+                   "the frozen device's work expired")  # fmt: skip
+        done = len(store.federated.rounds(job_id))
+        poll_until(lambda: len(store.federated.rounds(job_id)) >= done + 2 or None, 120, 0.2, "aggregations without the TX2")
+    finally:
+        frozen.signal(signal.SIGCONT)
+    poll_until(lambda: (s := store.federated.state(job_id)) and (s.aggregating or s.phase in ENDED) or None, 120, 0.02, "an aggregation")
+    cluster.kill("control")
+    time.sleep(3)
+    cluster.restart("control")
+    status = client.wait_federated(job_id, timeout_s=400)
+    assert status.state.phase == "completed", (status.state.reason, [e.line() for e in status.events])
+    aggregations_are_whole(status)

@@ -10,6 +10,7 @@ import pytest
 
 from edgetrain.common.federated.events import (
     Accepted,
+    BufferClosed,
     Cancelled,
     Finished,
     Refused,
@@ -18,9 +19,10 @@ from edgetrain.common.federated.events import (
     RoundOpened,
     UpdateAccepted,
     UpdateRefused,
+    WorkStarted,
 )
 from edgetrain.common.federated.plan import Assignment
-from edgetrain.common.federated.records import DeviceRound, FederatedRecord, LocalUpdate, Phase, RoundRecord
+from edgetrain.common.federated.records import DeviceRound, FederatedRecord, LocalUpdate, Phase, RoundRecord, Work
 from edgetrain.common.federated.spec import FederatedSpec
 from edgetrain.common.jobs.state import EventKind
 from edgetrain.common.schemas import utc_now
@@ -194,3 +196,25 @@ def test_a_finished_federated_job_expires_after_the_retention(redis_server) -> N
     assert 3500 < store._redis.ttl(store.keys.federated(JOB)) <= 3600
     with pytest.raises(Refused, match="finished"):
         store.federated.apply(JOB, Cancelled(reason="cancelled"))
+
+
+def test_a_buffered_job_keeps_its_updates_in_one_buffer_and_aggregates_only_those_it_closed_with(store) -> None:
+    buffered = FederatedSpec.model_validate(SPEC | {"aggregation": {"mode": "buffered", "buffer_size": 1}})
+    store.federated.create(FederatedRecord(job_id=JOB, spec=buffered))
+    assert store.federated.start(store.federated.record(JOB)).buffered
+    works = [Work(work=n, round=1, weights="init:0", started_s=0.0, deadline_at=utc_now() + timedelta(seconds=60), assignment=assignment(d))
+             for n, d in ((1, "a"), (2, "b"))]  # fmt: skip
+    store.federated.apply(JOB, WorkStarted(works=works))
+    first, second = (update(w.device_id, 1).model_copy(update={"work": w.work}) for w in works)
+    assert hand_in(store, first) == Accepted.accepted and hand_in(store, first) == Accepted.duplicate
+    store.federated.apply(JOB, BufferClosed(round=1))
+    assert hand_in(store, second) == Accepted.accepted  # the next buffer fills while aggregation 1 runs
+    key = store.keys.federated_buffer(JOB)
+    store._redis.hset(key, "ghost#9", update("ghost", 1, held=1_000_000).model_copy(update={"work": 9}).model_dump_json())
+    accepted, ignored = store.federated.updates(JOB, store.federated.state(JOB))
+    assert list(accepted) == ["a#1"] and ignored == ["ghost#9"]  # b#2 is the next aggregation's
+    record = RoundRecord(round=1, accuracy=0.5, device_time_s=0.1, elapsed_s=0.1, energy_j=1.0, devices=[first.trained], works=[1])
+    store.federated.apply(JOB, RoundAggregated(record=record, weights="artifact:g.pt#sha256=" + "1" * 64))
+    assert sorted(store._redis.hkeys(key)) == ["b#2", "ghost#9"] and hand_in(store, first) == Accepted.late
+    store.federated.apply(JOB, Cancelled(reason="by hand"))
+    assert not store._redis.exists(key)

@@ -149,3 +149,46 @@ def test_a_cancel_asked_for_is_applied_by_the_next_advance(s, table) -> None:
     bind("a")
     assert federated_train(train_requests(s)["a"]) == Accepted.late.value
     assert s.federated.active() == []
+
+
+def test_a_buffered_job_aggregates_every_k_updates_while_its_devices_train_on(s, table) -> None:
+    """Buffer of 1 over two devices: a's update closes the buffer at once and a starts its next
+    work while the server aggregates; b's update, from the model before it, joins the next
+    buffer with staleness 1; a second delivery of a's work is never aggregated twice."""
+    job = "fedtaskbuf01"
+    spec = SPEC.model_copy(update={"aggregation": Aggregation(mode="buffered", buffer_size=1), "max_rounds": 5})
+    s.federated.create(FederatedRecord(job_id=job, spec=spec))
+    s.resources.put_table(table)
+
+    def requests() -> dict[int, TrainRequest]:
+        sent = [TrainRequest.model_validate(t.args[0]) for d in ("a", "b") for t in queued_tasks(s.broker, device_queue(d))]
+        return {r.work: r for r in sent if r.job_id == job and r.work is not None}
+
+    assert federated_advance(job) == Phase.training.value
+    first = requests()
+    assert sorted((r.work, r.device_id, r.round) for r in first.values()) == [(1, "a", 1), (2, "b", 1)]
+    bind("a")
+    assert federated_train(first[1]) == Accepted.accepted.value
+    assert federated_advance(job) == Phase.training.value  # the buffer closes, and a starts again at once
+    state = s.federated.state(job)
+    assert list(state.aggregating) == ["a#1"] and [(w.work, w.device_id) for w in state.in_flight] == [(2, "b"), (3, "a")]
+    (aggregate,) = [t for t in queued_tasks(s.broker, SERVER_QUEUE) if t.args[0]["job_id"] == job]
+    assert aggregate.args[0]["round"] == 1 and aggregate.id in [t.task_id for t in s.ledger.unseen_since(float("inf"), 10)]
+    assert federated_train(first[1]) == Accepted.duplicate.value  # delivered again while its buffer is aggregated
+    bind("b")
+    assert federated_train(first[2]) == Accepted.accepted.value  # joins the next buffer meanwhile
+    assert federated_aggregate(AggregateRequest(job_id=job, round=1)) is not None
+    assert federated_aggregate(AggregateRequest(job_id=job, round=1)) is None  # aggregated once
+    bind("a")
+    assert federated_train(first[1]) == Accepted.late.value  # long aggregated: trains nothing
+    federated_advance(job)
+    assert federated_aggregate(AggregateRequest(job_id=job, round=2)) is not None
+    one, two = s.federated.rounds(job)
+    assert [d.assignment.device_id for d in one.devices] == ["a"] and (one.staleness, one.works) == ([0], [1])
+    assert [d.assignment.device_id for d in two.devices] == ["b"] and (two.staleness, two.works) == (
+        [1],
+        [2],
+    )  # b trained the model before aggregation 1
+    assert two.elapsed_s >= one.elapsed_s and s.federated.state(job).round == 2
+    third = requests()[3]  # a's second work started from aggregation 0's model, pinned while in flight
+    assert third.round == 1 and federated_train(third) == Accepted.accepted.value

@@ -15,16 +15,21 @@ def federated_job_line(j: FederatedStatus) -> str:
 
 
 def format_federated(status: FederatedStatus) -> str:
-    """The job's phase, its rounds so far (global accuracy, the worst device's accuracy on its
+    """The job's phase, its rounds (buffered: aggregations) so far (global accuracy, the worst device's accuracy on its
     held-out data, device time, energy), the last round's mean, worst and spread over the
-    devices, the open round's assignments and the newest events; figures from twins say
+    devices, the open round's assignments (buffered: the buffer and the work in flight) and the newest events; figures from twins say
     SIMULATED."""
     spec, state = status.record.spec, status.state
     accuracy = "none yet" if state.accuracy is None else f"{state.accuracy:.4f}"
     lines = [
-        f"federated job {status.record.job_id}: {state.phase.value}, round {state.round} of at most {spec.max_rounds}; "
+        f"federated job {status.record.job_id}: {state.phase.value}, {'aggregation' if state.buffered else 'round'} {state.round} of at "
+        f"most {spec.max_rounds}; "
         f"global accuracy {accuracy} (target {spec.target_accuracy}); {len(spec.devices)} devices, {spec.local.method} local work, "
-        f"{spec.aggregation.rule}"
+        + (
+            f"buffered, {spec.aggregation.buffer_size} updates per aggregation, staleness {spec.aggregation.staleness}"
+            if state.buffered
+            else spec.aggregation.rule
+        )  # fmt: skip
     ]
     if state.reason:
         lines.append(f"  {state.reason}")
@@ -45,7 +50,12 @@ def format_federated(status: FederatedStatus) -> str:
         each = "; ".join(f"{d.assignment.device_id} b={d.assignment.batch_size} x{d.assignment.local_steps} {d.device_time_s:.3f} s "
                          f"{d.energy_j:.2f} J" for d in last.devices)  # fmt: skip
         lines.append(f"  round {last.round} by device: {each}")
-    if state.phase == Phase.training and state.deadline_at is not None:
+    if state.buffered and state.phase == Phase.training:
+        each = ", ".join(f"{w.work} {w.device_id} b={w.assignment.batch_size} x{w.assignment.local_steps} from aggregation {w.round - 1}"
+                         for w in state.in_flight)  # fmt: skip
+        lines.append(f"  buffer {len(state.received)} of {spec.aggregation.buffer_size}"
+                     + (", an aggregation running" if state.aggregating else "") + f"; work in flight: {each or 'none'}")  # fmt: skip
+    elif state.phase == Phase.training and state.deadline_at is not None:
         each = ", ".join(f"{a.device_id} b={a.batch_size} f={a.frequency_hz} x{a.local_steps}" for a in state.assignments)
         lines.append(f"  round {state.round} open until {state.deadline_at:%H:%M:%S} UTC: {each}")
     if simulated:

@@ -2,7 +2,7 @@
 accuracy after each round against the device time since the start (SIMULATED, left) and
 against the round (middle), and the worst device's accuracy on its held-out data against the
 round (right), one line per method and seed (dotted: with the relation vector; dash-dotted:
-FedNova), the target as a dashed line."""
+FedNova; dashed: buffered), the target as a dashed line."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from edgetrain.common.federated.evaluation import LABELS, FederatedEvaluation
-from edgetrain.common.federated.simulate import FEDNOVA, VECTOR
+from edgetrain.common.federated.simulate import ASYNC, FEDNOVA, VECTOR
 from edgetrain.common.federated.spec import DEADLINE
 from edgetrain.common.plotting import DPI
 
@@ -23,10 +23,14 @@ from .evaluation_plots import COLOURS, SIMULATED_NOTE
 COLOURS_BY_METHOD = {**COLOURS, f"baseline1{DEADLINE}": "#56b4e9"}
 
 
+STYLES = {VECTOR: ":", FEDNOVA: "-.", ASYNC: "--"}
+
+
 def _style(method: str) -> dict[str, Any]:
-    """A method's colour and line style (dotted with the relation vector, dash-dotted with FedNova)."""
-    base = method.removesuffix(FEDNOVA).removesuffix(VECTOR)
-    return {"color": COLOURS_BY_METHOD[base], "linestyle": ":" if method.endswith(VECTOR) else "-." if method.endswith(FEDNOVA) else "-"}
+    """A method's colour and line style (dotted with the relation vector, dash-dotted with
+    FedNova, dashed when buffered)."""
+    suffix = next((s for s in STYLES if method.endswith(s)), "")
+    return {"color": COLOURS_BY_METHOD[method.removesuffix(suffix)], "linestyle": STYLES.get(suffix, "-")}
 
 
 def plot_accuracy(evaluation: FederatedEvaluation, path: str | Path) -> None:

@@ -47,14 +47,16 @@ def plan_table(evaluation: FederatedEvaluation) -> list[str]:
     return markdown_table(["device", "twin", "cap", *(LABELS[s.method] for s in evaluation.summary)], lines)
 
 
-def job_line(job: FederatedSpec) -> str:
-    """The job in one sentence: model, data and its split, target, local work, aggregation."""
+def job_line(job: FederatedSpec, async_size: int) -> str:
+    """The job in one sentence: model, data and its split, target, local work, aggregation (the
+    async methods' `async_size` updates per aggregation)."""
     scheme = job.partition.scheme
     split = {"iid": "an IID split", "dirichlet": f"a Dirichlet({job.partition.alpha:g}) split",
              "shards": f"{job.partition.shards_per_device} label shards per device"}[scheme]  # fmt: skip
     data = f"{job.dataset.name} in {split} (seed {job.partition.seed})" if job.dataset and job.partitioned() else "their own data"
     prox = f", FedProx mu = {job.aggregation.mu:g}" if job.aggregation.mu > 0 else ""
-    rule = "FedAvg (FedNova for the + FedNova methods)"
+    rule = "FedAvg (FedNova for the + FedNova methods"
+    rule += f"; the async methods buffered, {async_size} updates per aggregation, staleness {job.aggregation.staleness})"
     return (
         f"{job.model} from {job.weights} on {len(job.devices)} devices holding {data}; target global accuracy "
         f"{job.target_accuracy:g} on the test split of {job.test_dataset.name}; {job.local.local_steps} local steps per round "
@@ -78,7 +80,7 @@ def format_federated_evaluation(evaluation: FederatedEvaluation) -> str:
         f"## {evaluation.name or 'federated evaluation'}", "",
         "Device figures are SIMULATED (twins): device time and energy come from the twins' models; the global "
         "accuracy comes from real training (every device's local steps on its own real data, aggregated).", "",
-        f"Job: {job_line(spec.job)} Seeds {spec.seeds}; wall time {evaluation.wall_s:.0f} s.", "",
+        f"Job: {job_line(spec.job, spec.async_buffer_size())} Seeds {spec.seeds}; wall time {evaluation.wall_s:.0f} s.", "",
         *([vector_line(evaluation.vector), ""] if evaluation.vector else []),
         "To the target global accuracy (mean ± std over the seeds that reached it; a round lasts as long as its slowest "
         "device, the fleet's energy is every device's):", "",
