@@ -73,13 +73,18 @@ def _unreachable(exc: redis.RedisError, url: str, where: str) -> str:
     return f"cannot reach {where}: {str(exc).rstrip('.')}. Is it running, and is that its address? {ADDRESS_FIX}"
 
 
+# How Redis refuses a script's command on a key the user may not touch (an error reply that
+# redis-py does not raise as NoPermissionError)
+SCRIPT_REFUSED = "The user executing the script can't access"
+
+
 def describe(exc: redis.RedisError, url: str, needs: str) -> str:
     """What `exc`, raised using Redis at `url`, means and how to fix it; `needs`: which
     Redis user the command needs (for a refused command)."""
     where = f"Redis at {redacted(url)}"
     if isinstance(exc, redis.AuthenticationError) or "NOAUTH" in str(exc):
         return _refused_login(url, where)
-    if isinstance(exc, redis.exceptions.NoPermissionError):
+    if isinstance(exc, redis.exceptions.NoPermissionError) or SCRIPT_REFUSED in str(exc):
         user = redis_user(url) or "default"
         return (f"{where} refused user {user!r} this command ({exc}): this command needs {needs}: set "
                 "EDGETRAIN_REDIS_URL to redis://ROLE@HOST:PORT/DB with EDGETRAIN_REDIS_PASSWORD_FILE naming that role's "

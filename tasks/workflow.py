@@ -35,6 +35,7 @@ from edgetrain.common.payloads import FinetuneRequest, JobPage, device_page
 from edgetrain.common.schemas import (
     DeviceInfo,
     DeviceTarget,
+    JobSpec,
     utc_now,
 )
 from edgetrain.common.store import Applied, SetAside, Store, token_job
@@ -64,6 +65,15 @@ def fail_resource(resource: str, reason: str) -> None:
     send_tracked(app, store().ledger, TaskName.advance_job, sorted(set(waiting + c.take_waiters(resource))))
 
 
+def _resource_ids(spec: JobSpec, device_type: str) -> tuple[str, str] | None:
+    """The table and vector a device type's parts need, or None where naming them fails (a
+    model that cannot be loaded): `view` raises it again for each part, which fails with it."""
+    try:
+        return resource_ids(spec, device_type)
+    except Exception:
+        return None
+
+
 class _Reader:
     """Reads what the planner needs for one page of a job, given its registered devices: the
     tables and vectors of their types in one command, the tables' failures in another (a
@@ -72,7 +82,7 @@ class _Reader:
 
     def __init__(self, s: Store, record: JobRecord, devices: dict[str, DeviceInfo]):
         self.s, self.job_id, self.spec, self.record, self._devices = s, record.job_id, record.spec, record, devices
-        needed = [resource_ids(self.spec, t) for t in {d.device_type for d in devices.values()}]
+        needed = [ids for t in {d.device_type for d in devices.values()} if (ids := _resource_ids(self.spec, t))]
         tids, vkeys = sorted({t for t, _ in needed}), sorted({v for _, v in needed})
         self._tables, self._vectors = s.resources.tables_and_vectors(tids, vkeys, self._set_aside)
         self._failures: dict[str, ResourceFailure | None] = s.coordination.failures([table_resource(t) for t in tids])
