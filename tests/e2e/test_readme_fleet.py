@@ -165,13 +165,15 @@ def test_a_board_whose_worker_starts_after_the_submission_is_waited_for(fleet: F
         note = submit.stderr.readline()
         assert note.startswith("note: not registered in the fleet (yet): nano-8; its part waits up to the job's device_grace_s "
                                "(120 s)"), note  # fmt: skip
+        waiting = "'nano-8' is not registered in the fleet (yet)"
+        poll_until(lambda: waiting in fleet.shell(f"edgetrain status {job_id}").stdout or None, 60, 0.5, "the part waiting")
         fleet.start("edgetrain worker device --device-id nano-8 --backend sim:jetson-nano", "worker-nano-8")
         out, err = submit.communicate(timeout=JOB_TIMEOUT_S)
     finally:
         if submit.poll() is None:
             submit.kill()
     assert submit.returncode == ExitCode.ok, (out[-2000:], err[-3000:])
-    assert "'nano-8' is not registered in the fleet (yet)" in err  # what status said while it waited
+    assert waiting in err  # what --wait showed while it waited
 
 
 def test_a_board_that_never_registers_fails_when_its_grace_ends_and_wait_exits_2(fleet: Fleet) -> None:
