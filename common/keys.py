@@ -177,6 +177,10 @@ class Keys:
     def device_cap(self, device_id: str) -> str:
         return f"{self.prefix}:fleet:cap:{checked_id(device_id, 'device_id')}"
 
+    def device_caps(self) -> str:
+        """A SCAN pattern matching every device's cap (`device_cap`)."""
+        return f"{self.prefix}:fleet:cap:*"
+
     def fleet_caps(self) -> str:
         return f"{self.prefix}:fleet:caps"
 

@@ -99,6 +99,9 @@ class _Reader:
                 cancelled_at=self.record.cancelled_at, submitted_at=self.record.created_at,
             )  # fmt: skip
         tid, vkey = resource_ids(self.spec, device.device_type)
+        if tid not in self._tables or vkey not in self._vectors:  # its model failed to load for the page's read, not now
+            tables, vectors = s.resources.tables_and_vectors([tid], [vkey], self._set_aside)
+            self._tables, self._vectors = self._tables | tables, self._vectors | vectors
         return PartView(
             self.job_id, self.spec, target, part, device,
             table=self._tables[tid],

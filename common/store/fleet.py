@@ -62,7 +62,7 @@ class FleetRegistry:
         k, device_id = self._keys, info.device_id
         record = info.model_copy(update={"heartbeat_at": utc_now()}).model_dump_json()
         keys = [k.device_owner(device_id), k.fleet_ids(), k.device(device_id), k.fleet_seen(), k.fleet_labels()]
-        labels = json.dumps([info.device_type, info.backend, info.simulated])
+        labels = json.dumps([info.device_type, info.backend, info.simulated, ttl_s])
         if not self._register(keys=keys, args=[instance, int(ttl_s * 1000), replaces, device_id, record, labels]):
             raise DeviceIdTaken(device_id, self.owner(device_id) or "?")
 
@@ -92,8 +92,10 @@ class FleetRegistry:
         live = self.devices_by_id(ids)
         gone = [i for i in ids if i not in live]
         if gone:
-            with contextlib.suppress(redis.exceptions.NoPermissionError):  # a reader (submitter, monitor) leaves it to the workers
-                self._redis.srem(self._keys.fleet_ids(), *gone)
+            with contextlib.suppress(redis.exceptions.NoPermissionError), self._redis.pipeline(transaction=False) as p:
+                p.srem(self._keys.fleet_ids(), *gone)  # a reader (submitter, monitor) leaves it to the workers
+                p.hdel(self._keys.fleet_labels(), *gone)
+                p.execute()
         return [live[i] for i in ids if i in live]
 
     def last_seen(self, device_id: str) -> datetime | None:
@@ -139,6 +141,23 @@ class FleetRegistry:
                 p.hset(self._keys.fleet_caps(), device_id, repr(power_cap_w))
             version, *_ = p.execute()
         return DeviceCap(power_cap_w=power_cap_w, version=version, set_at=at)
+
+    def index_caps(self) -> int:
+        """Fill the fleet's hash of caps from the caps set on each device, for caps set before
+        the hash was kept (a store of an earlier version: its idle devices' caps show in metrics
+        again); a device already in the hash is left as it is. Returns how many were added."""
+        keys = sorted(self._redis.scan_iter(match=self._keys.device_caps(), count=1000))
+        with self._redis.pipeline(transaction=False) as p:
+            for key in keys:
+                p.hget(key, "power_cap_w")
+            caps = p.execute()
+        added = 0
+        with self._redis.pipeline(transaction=False) as p:
+            for key, cap in zip(keys, caps):
+                if cap:
+                    p.hsetnx(self._keys.fleet_caps(), str(key).rsplit(":", 1)[1], cap)
+            added = sum(p.execute())
+        return added
 
     def power_cap(self, device_id: str) -> DeviceCap | None:
         """The cap last set on `device_id`, None when none was ever set."""

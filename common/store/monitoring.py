@@ -95,8 +95,9 @@ def _json_list(raw: str) -> list:
 
 
 class Monitoring:
-    """Counters and the bulk reads of the metrics exporter and `edgetrain doctor`: a fleet-wide
-    read is one command whose reply is one JSON text, whatever the fleet's size."""
+    """Counters and the bulk reads of the metrics exporter and `edgetrain doctor`: each
+    fleet-wide read (last heartbeats, labels, caps, queue lengths, the jobs with a part on a
+    device) is one command whose reply is one JSON text, whatever the fleet's size."""
 
     def __init__(self, client: redis.Redis, keys: Keys):
         self._redis, self._keys = client, keys
@@ -126,13 +127,18 @@ class Monitoring:
         return {device_id: float(at) for device_id, at in zip(flat[::2], flat[1::2])}
 
     def live_devices(self, last_seen: dict[str, float], ttl_s: float) -> list[DeviceLabels]:
-        """The devices whose last heartbeat (`last_seen`) is within `ttl_s` of Redis's time and
-        which did not leave the fleet, as metrics label them (two round trips: their
-        labels are kept in one hash by each heartbeat, `FleetRegistry.register`)."""
+        """The devices in the fleet whose last heartbeat (`last_seen`) is within their worker's
+        heartbeat TTL of Redis's time (`ttl_s` for an entry that does not say it), as metrics
+        label them (two round trips: their labels are kept in one hash by each heartbeat,
+        `FleetRegistry.register`, and dropped when the device leaves or expires)."""
         flat = self._read("HGETALL", self._keys.fleet_labels())
         labels = dict(zip(flat[::2], json.loads("[" + ",".join(flat[1::2]) + "]")))
         now, _ = self._redis.time()
-        return [DeviceLabels(d, *found) for d, found in labels.items() if last_seen.get(d, 0.0) >= now - ttl_s]
+        live = []
+        for device_id, (device_type, backend, simulated, *ttl) in labels.items():  # an earlier version's entry has no TTL
+            if last_seen.get(device_id, 0.0) >= now - (ttl[0] if ttl else ttl_s):
+                live.append(DeviceLabels(device_id, device_type, backend, simulated))
+        return live
 
     def power_caps(self) -> dict[str, float]:
         """Device -> the power cap set on it (W), for the devices that have one (one hash, kept

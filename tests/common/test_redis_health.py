@@ -4,6 +4,7 @@ as the admin (CONFIG allowed) and as an ACL user without admin rights (INFO only
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,8 +14,9 @@ import pytest
 import redis
 
 from edgetrain.common.redis_health import RedisFull, RedisUnsafe, problems, read_facts, refuse_unsafe
+from edgetrain.common.schemas import DeviceInfo
 from edgetrain.common.settings import Settings
-from edgetrain.common.store import JobNotFoundError, Store, WorkerInfo
+from edgetrain.common.store import DeviceIdTaken, JobNotFoundError, Store, WorkerInfo
 from edgetrain.tasks.client import EdgeTrainClient
 from edgetrain.workers.processes.heartbeat import Heartbeat
 
@@ -118,3 +120,21 @@ def test_a_stopping_process_stops_waiting_for_redis(tmp_path) -> None:
     """)  # fmt: skip
     waited_s = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout)
     assert 0.9 <= waited_s < 2.0  # retried until told to stop, then gave up at once
+
+
+def test_a_second_worker_refused_the_device_id_leaves_the_live_workers_entries_alone(store: Store, redis_server) -> None:
+    """A worker started again for a device whose worker lives on this host is refused at its
+    first beat; stopping it must not take the live worker (same node name) out of the registry."""
+    settings = Settings(redis_url=redis_server.url)
+    device = DeviceInfo(device_id="nano-9", device_type="jetson-nano", backend="sim", frequencies_hz=[1, 2], memory_bytes=4, simulated=True)
+    live = WorkerInfo(node="device-nano-9@here", role="device", queues=["nano-9"], hostname="here", pid=os.getpid())
+    owner = Heartbeat(store, settings, live, device)
+    owner.first_beat(1.0, print)
+    second = Heartbeat(store, settings, live.model_copy(update={"pid": os.getpid() + 1}), device)
+    with pytest.raises(DeviceIdTaken):
+        second.first_beat(1.0, print)
+    second.stop()
+    assert [w.pid for w in store.liveness.workers(settings.heartbeat_ttl_s)] == [os.getpid()]
+    assert store.fleet.owner("nano-9") == owner.instance
+    owner.stop()
+    assert store.liveness.workers(settings.heartbeat_ttl_s) == [] and store.fleet.owner("nano-9") is None

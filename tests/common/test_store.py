@@ -37,8 +37,20 @@ def test_fleet_registration_expires_without_heartbeat(store) -> None:
     assert [d.device_id for d in store.fleet.devices()] == ["a", "b"]
     time.sleep(0.5)
     assert [d.device_id for d in store.fleet.devices()] == ["b"]
+    assert list(store._redis.hgetall(store.keys.fleet_labels())) == ["b"]  # what metrics label, gone with it
     store.fleet.unregister("b", "wb")
-    assert store.fleet.devices() == []
+    assert store.fleet.devices() == [] and store._redis.hlen(store.keys.fleet_labels()) == 0
+
+
+def test_a_device_is_up_in_metrics_for_its_own_workers_heartbeat_ttl(store) -> None:
+    """Workers may run with another heartbeat TTL than the exporter's settings: each device is
+    up while its own worker's TTL says it is."""
+    store.fleet.register(info("slow"), ttl_s=60, instance="ws")
+    store.fleet.register(info("fast"), ttl_s=3, instance="wf")
+    now, _ = store._redis.time()
+    store._redis.zadd(store.keys.fleet_seen(), {"slow": now - 20, "fast": now - 20})  # both last heard 20 s ago
+    live = store.monitoring.live_devices(store.monitoring.last_seen(), ttl_s=10)
+    assert [(d.device_id, d.device_type, d.simulated) for d in live] == [("slow", "jetson-nano", True)]
 
 
 def test_a_heartbeat_is_one_command_and_a_taken_id_writes_nothing(store) -> None:
@@ -294,3 +306,18 @@ def test_the_jobs_with_an_unfinished_part_are_found_over_thousands_of_devices(st
     store.jobs.create("last", JobSpec.model_validate(quick_job([{"device_id": ids[-1], "power_cap_w": 5.0}])))
     assert store.monitoring.unfinished_jobs(ids) == {"wide", "last"}
     assert store.monitoring.unfinished_jobs(ids[:10]) == {"wide"} and store.monitoring.unfinished_jobs([]) == set()
+
+
+def test_caps_set_before_the_fleets_hash_of_caps_are_indexed_once_for_metrics(store: Store) -> None:
+    """A store written by a version without `fleet:caps`: its per-device caps fill the hash (the
+    exporter reads only that), a cap removed stays out, and a cap in the hash is not overwritten."""
+    store.fleet.set_power_cap("nano-1", 3.5)
+    store.fleet.set_power_cap("nano-2", None)
+    store.fleet.set_power_cap("nano-3", 6.0)
+    store._redis.delete(store.keys.fleet_caps())  # what an earlier version left
+    store._redis.hset(store.keys.device_cap("nano-4"), mapping={"version": 1, "power_cap_w": "4.0", "set_at": "2026-01-01T00:00:00+00:00"})
+    store._redis.hset(store.keys.fleet_caps(), "nano-3", "7.0")  # set since, through the hash
+    assert store.monitoring.power_caps() == {"nano-3": 7.0}
+    assert store.fleet.index_caps() == 2
+    assert store.monitoring.power_caps() == {"nano-1": 3.5, "nano-3": 7.0, "nano-4": 4.0}
+    assert store.fleet.index_caps() == 0

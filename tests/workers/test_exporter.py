@@ -3,6 +3,8 @@ store, and exposes it in Prometheus's format (parsed back with prometheus_client
 
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,6 +19,7 @@ from edgetrain.common.settings import Settings
 from edgetrain.common.store import Lease, WorkerInfo, Written
 from edgetrain.tasks.contract import HANDED_ON
 from edgetrain.workers.processes.exporter import scrape as exposition
+from edgetrain.workers.processes.exposition import serve_text
 
 DEVICES = [{"device_id": "nano-1", "power_cap_w": 3.0}, {"device_id": "tx2nx-1", "power_cap_w": 5.0}]
 
@@ -220,3 +223,27 @@ def test_idle_devices_show_the_cap_set_on_them_until_lifted_and_leave_the_fleet_
     assert not [labels for name, labels in s if name == "edgetrain_device_power_cap_watts"]
     assert [dict(labels)["device"] for name, labels in s if name == "edgetrain_device_up"] == ["nano-1"]
     assert ("edgetrain_device_last_seen_timestamp_seconds", (("device", "odd-1"),)) in s  # its last heartbeat is kept
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "::1"])
+def test_the_metrics_server_answers_on_ipv4_and_ipv6_and_a_failed_scrape_is_a_500_with_its_error(address: str) -> None:
+    answers = iter([b"edgetrain_up 1\n", ValueError("a malformed labels entry")])
+
+    def body() -> bytes:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    server, thread = serve_text(address, 0, body)
+    try:
+        host = f"[{address}]" if ":" in address else address
+        url = f"http://{host}:{server.server_address[1]}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            assert reply.status == 200 and reply.read() == b"edgetrain_up 1\n"
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(url, timeout=10)
+        assert failed.value.code == 500 and "ValueError: a malformed labels entry" in failed.value.read().decode()
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)

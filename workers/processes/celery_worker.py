@@ -86,6 +86,7 @@ def consume(queues: list[str], name: str, role: str, concurrency: int, loglevel:
     info = WorkerInfo(node=node, role=role, queues=queues, hostname=socket.gethostname(), pid=os.getpid(), findings=found)
     if role == "control":  # its tasks are many and short
         TaskEventsGate(store)
+        store.fleet.index_caps()
     heartbeat = Heartbeat(store, settings, info, device)
     reaper = Reaper(store, context.app(), settings) if role == "control" else None
     try:  # from the first beat on, a shutdown signal (SystemExit) leaves the registry in `finally`

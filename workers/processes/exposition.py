@@ -8,12 +8,16 @@ are escaped as the format says (backslash, double quote, newline)."""
 from __future__ import annotations
 
 import http.server
+import logging
+import socket
 import threading
 from collections.abc import Callable, Iterable
 
 from prometheus_client.utils import floatToGoString
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+logger = logging.getLogger(__name__)
 
 
 def _escape(value: str) -> str:
@@ -51,14 +55,20 @@ def render(families: Iterable[Family]) -> bytes:
 
 
 def serve_text(address: str, port: int, body: Callable[[], bytes]) -> tuple[http.server.ThreadingHTTPServer, threading.Thread]:
-    """Serve `body()` on GET /metrics (and /) from a thread; (server, thread)."""
+    """Serve `body()` on GET /metrics (and /) from a thread, on an IPv4 or IPv6 `address`; a
+    `body()` that raises is answered 500 with its error. (server, thread)."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
             if self.path.split("?")[0] not in ("/", "/metrics"):
                 self.send_error(404)
                 return
-            payload = body()
+            try:
+                payload = body()
+            except Exception as exc:  # a scrape that cannot be answered says why (the exporter lives on)
+                logger.exception("a scrape failed")
+                self.send_error(500, explain=f"{type(exc).__name__}: {exc}")
+                return
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE)
             self.send_header("Content-Length", str(len(payload)))
@@ -68,7 +78,10 @@ def serve_text(address: str, port: int, body: Callable[[], bytes]) -> tuple[http
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's name)
             """Scrapes are not logged."""
 
-    server = http.server.ThreadingHTTPServer((address, port), Handler)
+    class Server(http.server.ThreadingHTTPServer):
+        address_family = socket.getaddrinfo(address or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+
+    server = Server((address, port), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     return server, thread

@@ -32,12 +32,15 @@ class Heartbeat(threading.Thread):
         self.stopped = threading.Event()
         self.replaced = False  # another worker serves the device id now: this one stops
         self.identity: StoreIdentity | None = None  # of the store this worker works in
+        self.registered = False  # a beat went through: stopping leaves the registry
 
     def beat(self, replaces: str = "") -> None:
-        """One heartbeat; DeviceIdTaken when another live worker serves the device id."""
-        self.store.liveness.heartbeat(self.worker)
+        """One heartbeat; DeviceIdTaken when another live worker serves the device id (then
+        nothing is written: the worker registry's entry of the same node is that worker's)."""
         if self.device is not None:
             self.store.fleet.register(self.device, self.settings.heartbeat_ttl_s, self.instance, replaces)
+        self.registered = True
+        self.store.liveness.heartbeat(self.worker)
         self.watch_identity()
 
     def watch_identity(self) -> None:
@@ -108,11 +111,11 @@ class Heartbeat(threading.Thread):
 
     def stop(self) -> None:
         """Stop beating and leave the registry (and the fleet, unless another worker serves the
-        device now)."""
+        device now); a worker refused at its first beat leaves the other's entries alone."""
         self.stopped.set()
         if self.is_alive():
             self.join(timeout=1)
-        if self.replaced:
+        if self.replaced or not self.registered:
             return
         try:
             self.store.liveness.remove_worker(self.worker.node)
