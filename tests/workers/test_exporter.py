@@ -1,6 +1,7 @@
 """The exporter's collector reads the fleet from a real Redis, as workers write it through the
 store, and exposes it in Prometheus's format (parsed back with prometheus_client's parser)."""
 
+import math
 import subprocess
 import sys
 import urllib.error
@@ -19,7 +20,7 @@ from edgetrain.common.settings import Settings
 from edgetrain.common.store import Lease, WorkerInfo, Written
 from edgetrain.tasks.contract import HANDED_ON
 from edgetrain.workers.processes.exporter import scrape as exposition
-from edgetrain.workers.processes.exposition import serve_text
+from edgetrain.workers.processes.exposition import Family, render, serve_text
 
 DEVICES = [{"device_id": "nano-1", "power_cap_w": 3.0}, {"device_id": "tx2nx-1", "power_cap_w": 5.0}]
 
@@ -247,3 +248,19 @@ def test_the_metrics_server_answers_on_ipv4_and_ipv6_and_a_failed_scrape_is_a_50
     finally:
         server.shutdown()
         thread.join(timeout=5)
+
+
+def test_the_text_written_reads_back_as_the_samples_given() -> None:
+    """Label values with quotes, backslashes and newlines, ints, bools, large and small floats,
+    infinities and NaN, as Prometheus's own parser reads them."""
+    family = Family("edgetrain_test_values", 'a "doc"\nwith a \\ in it', labels=["device", "note"])
+    given = [(["a", "plain"], 3), (['q"uote', "back\\slash"], 2.5), (["new\nline", ""], True),
+             (["big", "x"], 1764278400.123), (["tiny", "x"], 1.5e-09), (["inf", "x"], float("inf")), (["ninf", "x"], -float("inf"))]  # fmt: skip
+    for labels, value in given:
+        family.add(labels, value)
+    family.add(["nan", "x"], float("nan"))
+    (parsed,) = text_string_to_metric_families(render([family]).decode())
+    assert parsed.documentation == 'a "doc"\nwith a \\ in it'
+    samples = [(dict(s.labels), s.value) for s in parsed.samples]
+    assert samples[:-1] == [({"device": d, "note": n}, float(v)) for (d, n), v in given]
+    assert samples[-1][0] == {"device": "nan", "note": "x"} and math.isnan(samples[-1][1])

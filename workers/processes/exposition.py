@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.server
 import logging
+import math
 import socket
 import threading
 from collections.abc import Callable, Iterable
@@ -34,12 +35,21 @@ class Family:
         self.labels = tuple(labels)
         doc = doc.replace("\\", "\\\\").replace("\n", "\\n")
         self.lines = [f"# HELP {self.name} {doc}", f"# TYPE {self.name} {'counter' if counter else 'gauge'}"]
+        pairs = ",".join(f'{k}="{{}}"' for k in self.labels)
+        self._series = f"{self.name}{{{{{pairs}}}}} {{}}" if pairs else f"{self.name} {{}}"  # e.g. 'name{device="{}"} {}'
 
     def add(self, values: Iterable[str], value: float) -> None:
         """A series with these label values (in the order of `labels`)."""
-        pairs = ",".join([f'{k}="{_escape(v)}"' for k, v in zip(self.labels, values)])
-        number = str(value) if type(value) is int else floatToGoString(value)  # an int as it is (not a bool)
-        self.lines.append(f"{self.name}{{{pairs}}} {number}" if pairs else f"{self.name} {number}")
+        self.lines.append(self._series.format(*map(_escape, values), _number(value)))
+
+
+def _number(value: float) -> str:
+    """A sample's value: an int as it is (not a bool), a finite float as Python writes it (which
+    Prometheus reads), infinities and NaN as the format spells them."""
+    if type(value) is int:
+        return str(value)
+    number = float(value)
+    return repr(number) if math.isfinite(number) else floatToGoString(number)
 
 
 def gauge(name: str, doc: str, value: float) -> Family:
