@@ -61,6 +61,8 @@
     <p>:fedrun:<id>:round:<r>              hash device -> LocalUpdate JSON: the updates of round r
     <p>:fedrun:<id>:buffer                 hash device#work -> LocalUpdate JSON: a buffered job's updates
                                            not yet aggregated
+    <p>:fedrun:<id>:artifacts              set of artifact references: the job's global models, and once
+                                           it ended the updates it did not aggregate, until deleted
     <p>:fedrun:<id>:events                 list of JobEvent JSON (the newest MAX_EVENTS_KEPT)
     <p>:fedrun:<id>:lock                   the lock held while the job advances
     <p>:set-aside:<key>:<UTC time>         a record that no longer loaded, moved from <p>:<key> as it was
@@ -312,6 +314,9 @@ class Keys:
 
     def federated_buffer(self, job_id: str) -> str:
         return f"{self.federated_run(job_id)}:buffer"
+
+    def federated_artifacts(self, job_id: str) -> str:
+        return f"{self.federated_run(job_id)}:artifacts"
 
     def federated_events(self, job_id: str) -> str:
         return f"{self.federated_run(job_id)}:events"

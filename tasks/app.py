@@ -113,6 +113,7 @@ def time_limits(settings: Settings) -> dict[str, dict[str, int]]:
         TaskName.federated_advance: settings.control_time_limit_s,
         TaskName.federated_train: settings.training_time_limit_s,
         TaskName.federated_aggregate: settings.training_time_limit_s,
+        TaskName.federated_cleanup: settings.control_time_limit_s,
     }
     return {task.value: limits(hard_s) for task, hard_s in kinds.items()}
 

@@ -39,6 +39,7 @@ class TaskName(str, Enum):
     federated_advance = "edgetrain.federated_advance"  # payload: the federated job id
     federated_train = "edgetrain.federated_train"  # TrainRequest -> the update's acceptance
     federated_aggregate = "edgetrain.federated_aggregate"  # AggregateRequest -> the round's global accuracy
+    federated_cleanup = "edgetrain.federated_cleanup"  # payload: the id of a federated job that ended
 
 
 class TaskFailed(RuntimeError):
@@ -70,6 +71,7 @@ FIXED_ROUTES: dict[TaskName, str] = {
     TaskName.pretrain: SERVER_QUEUE,
     TaskName.federated_advance: CONTROL_QUEUE,
     TaskName.federated_aggregate: SERVER_QUEUE,
+    TaskName.federated_cleanup: SERVER_QUEUE,
 }  # profile_device, finetune and federated_train go to the queue of the device they name
 
 

@@ -4,13 +4,15 @@ pass or a cancel asked for). It reads the job into a `RoundView`, asks the round
 (common/federated/planner.py) for the next step, applies the step's event through the store's
 one writer and, only when it applied, carries out the step's effects; while a step changes the
 state, it asks for the next one (a few at most). It never waits in a task;
-a lock per job serialises advances, and an event that no longer applies changes nothing."""
+a lock per job serialises advances, and an event that no longer applies changes nothing. The
+event that ends a job sends the deletion of the models it leaves (`federated_cleanup`, on the
+server, which holds the artifact store), written in the ledger of sent tasks with it."""
 
 from __future__ import annotations
 
 from celery.utils.log import get_task_logger
 
-from edgetrain.common.federated.events import Finished, Refused, Waiting
+from edgetrain.common.federated.events import Cancelled, FederatedEvent, Finished, Refused, Waiting
 from edgetrain.common.federated.planner import RoundView, Step, plan_round
 from edgetrain.common.federated.records import FederatedRecord, FederatedState, Phase
 from edgetrain.common.jobs.effects import Aggregate, ClaimAndProfile, SendTrain
@@ -18,6 +20,7 @@ from edgetrain.common.jobs.state import EventKind
 from edgetrain.common.keys import table_id, table_resource
 from edgetrain.common.models import get_model
 from edgetrain.common.schemas import utc_now
+from edgetrain.common.store.ledger import SentTask
 from edgetrain.common.tables import TableNeed, table_need
 
 from .app import app
@@ -73,14 +76,15 @@ def read_view(record: FederatedRecord, state: FederatedState) -> RoundView:
 def carry_out(record: FederatedRecord, step: Step) -> None:
     """Apply the step's event and, when it applied, carry out its effects."""
     s, job_id = store(), record.job_id
-    aggregations = [to_track(TaskName.federated_aggregate, e.request, job_id=job_id) for e in step.effects if isinstance(e, Aggregate)]
+    tracked = [to_track(TaskName.federated_aggregate, e.request, job_id=job_id) for e in step.effects if isinstance(e, Aggregate)]
     if step.event is not None:
+        tracked += cleanup(job_id, step.event)
         try:
-            s.federated.apply(job_id, step.event, aggregations)
+            s.federated.apply(job_id, step.event, tracked)
         except Refused as exc:
             logger.info("federated job %s: %s refused: %s", job_id, step.event.kind, exc)
             return
-    for sent in aggregations:
+    for sent in tracked:
         send_again(app, sent)
     for effect in step.effects:
         if isinstance(effect, SendTrain):
@@ -92,7 +96,18 @@ def carry_out(record: FederatedRecord, step: Step) -> None:
 def fail_aggregation(job_id: str, reason: str, round_number: int) -> None:
     """End the federated job as failed with `reason` if round `round_number` is still being
     aggregated (another run of the aggregation may have done it meanwhile)."""
+    failed = Finished(phase=Phase.failed, reason=reason, aggregating=round_number)
+    tracked = cleanup(job_id, failed)
     try:
-        store().federated.apply(job_id, Finished(phase=Phase.failed, reason=reason, aggregating=round_number))
+        store().federated.apply(job_id, failed, tracked)
     except Refused as exc:
         logger.info("federated job %s: not failed (%s): %s", job_id, reason, exc)
+        return
+    for sent in tracked:
+        send_again(app, sent)
+
+
+def cleanup(job_id: str, event: FederatedEvent) -> list[SentTask]:
+    """The deletion of the models the job leaves (on the server, which holds the artifact store),
+    written in the ledger of sent tasks with an event that ends the job; none with another event."""
+    return [to_track(TaskName.federated_cleanup, job_id, job_id=job_id)] if isinstance(event, (Finished, Cancelled)) else []

@@ -1,6 +1,7 @@
 """The training side of a federated round: a device's local training (`federated_train`, on the
-device's queue) and the aggregation of a closed round (`federated_aggregate`, on the server
-queue). Model states travel as hashed artifacts of the store folder, never as task arguments.
+device's queue), the aggregation of a closed round (`federated_aggregate`, on the server
+queue) and the deletion of the models a job that ended leaves (`federated_cleanup`, on the
+server queue). Model states travel as hashed artifacts of the store folder, never as task arguments.
 What a task hands in is an event the job's state accepts or refuses (common/federated/events.py),
 so a stale, late, repeated or forged task changes nothing; an update's artifact is named for
 the one run that made it, so discarding a refused update never touches an accepted one."""
@@ -161,14 +162,10 @@ def federated_aggregate(request: AggregateRequest) -> float | None:
     stale = [r - u.round for u in used]
     try:
         model, current = _global(record, state.global_weights)
-        states = [get_state(u.weights, settings().artifact_dir) for u in used]
-        if state.buffered:
-            merged = apply_buffer(current, list(zip(states, buffer_weights(record.spec, [u.held_samples for u in used], stale))))
-        else:
-            merged = aggregate(record.spec, current, [Update(w, u.held_samples, u.trained.assignment) for w, u in zip(states, used)])
-        weights = put_state(merged, f"fed-{job_id}-r{r}-global", settings().artifact_dir)
+        merged = _merged(record, state, current, used, stale) if used else current  # no update: the global model stays
+        weights = put_state(merged, f"fed-{job_id}-r{r}-global", settings().artifact_dir) if used else state.global_weights
         accuracy, held_out = score(record.spec, model, merged)
-    except Exception as exc:  # the server cannot aggregate or evaluate (the test set, the weights, no update): the job fails, saying why
+    except Exception as exc:  # the server cannot aggregate or evaluate (the test set, the weights): the job fails, saying why
         reason = f"round {r}: aggregation failed: {describe(exc)}"
         fail_aggregation(job_id, reason, r)
         raise TaskFailed(reason) from exc
@@ -179,24 +176,44 @@ def federated_aggregate(request: AggregateRequest) -> float | None:
         done = round_record(r, accuracy, [u.trained for u in used], state.elapsed_s, [a.device_id for a in state.assignments], held_out)
     try:
         s.federated.apply(job_id, RoundAggregated(record=done, weights=weights))
-    except Refused:
+    except Refused:  # aggregated by another run, or the job ended meanwhile: this run's own new model, unless the job reads it
+        now = s.federated.state(job_id)
+        if used and (now is None or weights not in now.models_needed()):
+            _remove(weights)
         return None
     for u in updates.values():
         _remove(u.weights)
-    after = s.federated.state(job_id)
-    _prune_globals(job_id, {weights, *(w.weights for w in (after.in_flight if after else []))})
+    _delete_models(job_id)
     send(app, TaskName.federated_advance, job_id)
     return accuracy
 
 
-def _prune_globals(job_id: str, keep: set[str]) -> None:
-    """Delete the job's superseded global models but those in `keep` (the newest, and those a
-    buffered work in flight starts from)."""
-    folder = settings().artifact_dir
-    kept = {artifact_path(w, folder)[0] for w in keep if w.startswith("artifact:")}
-    for path in folder.glob(f"fed-{job_id}-r*-global*"):
-        if path not in kept:
-            path.unlink(missing_ok=True)
+def _merged(record: FederatedRecord, state: FederatedState, current: State, used: list[LocalUpdate], stale: list[int]) -> State:
+    """The next global weights from the updates `used` (FedAvg or FedNova; buffered: the changes
+    weighted by samples and `stale`ness)."""
+    states = [get_state(u.weights, settings().artifact_dir) for u in used]
+    if state.buffered:
+        return apply_buffer(current, list(zip(states, buffer_weights(record.spec, [u.held_samples for u in used], stale))))
+    return aggregate(record.spec, current, [Update(w, u.held_samples, u.trained.assignment) for w, u in zip(states, used)])
+
+
+@app.task(name=TaskName.federated_cleanup.value)
+def federated_cleanup(job_id: str) -> int:
+    """Delete the models a federated job that ended leaves: the updates it did not aggregate and
+    its global models but the last (its result). Returns how many were deleted."""
+    return _delete_models(job_id)
+
+
+def _delete_models(job_id: str) -> int:
+    """Delete the job's models that nothing reads any more (FederatedStore.models_to_delete):
+    superseded global models once no work in flight starts from them and, once it ended, what
+    it left; returns how many."""
+    s = store()
+    gone = s.federated.models_to_delete(job_id)
+    for weights in gone:
+        _remove(weights)
+    s.federated.models_deleted(job_id, gone)
+    return len(gone)
 
 
 def _remove(weights: str) -> None:

@@ -29,7 +29,7 @@ from ..schemas import RelationVector, Seeds, Strict, TrainingOutcome
 from .plan import Assignment
 from .records import RoundRecord
 from .simulate import ASYNC, FEDNOVA, VECTOR, FederatedRun, simulate, twin_table
-from .spec import DEADLINE, FederatedSpec
+from .spec import DEADLINE, MAX_ROUNDS, FederatedSpec
 from .vector import ProxyRuns, read_vector
 
 LABELS = {
@@ -103,23 +103,31 @@ class FederatedEvaluationSpec(Strict):
             raise ValueError(f"vector: no r_b for the job's batch sizes {missing}")
         return self
 
+    @model_validator(mode="after")
+    def _async_can_run_buffered(self) -> FederatedEvaluationSpec:
+        if (buffered := [m for m in self.methods if m.endswith(ASYNC)]) and self.job.participation.fraction < 1:
+            raise ValueError(f"methods: {buffered} run buffered, which trains every device, not a fraction of them: set "
+                             f"job.participation.fraction to 1 or leave {buffered} out of methods")  # fmt: skip
+        return self
+
     def async_buffer_size(self) -> int:
         """The `+async` methods' updates per aggregation: the job's `buffer_size`, else half its devices."""
         return self.job.aggregation.buffer_size or max(1, len(self.job.devices) // 2)
 
     def run_spec(self, method: str, seed: int) -> FederatedSpec:
-        """The job of one run: `method` (without `+vector`, `+fednova` or `+async`) choosing every
-        device's work, aggregated with FedNova for a `+fednova` method, buffered for an `+async`
-        one (`async_buffer_size`; as many local works at most as `max_rounds` rounds of every
-        device) and FedAvg in rounds otherwise, `seed` its seed."""
-        local = self.job.local.model_copy(update={"method": method.removesuffix(FEDNOVA).removesuffix(VECTOR).removesuffix(ASYNC)})
-        rounds = {"mode": "rounds", "buffer_size": None, "rule": "fednova" if method.endswith(FEDNOVA) else "fedavg"}
-        buffered = {"mode": "buffered", "rule": "fedavg", "buffer_size": self.async_buffer_size()}
-        aggregation = self.job.aggregation.model_copy(update=buffered if method.endswith(ASYNC) else rounds)
-        most = self.job.max_rounds
+        """The job of one run, validated as a submitted job is: `method` (without `+vector`,
+        `+fednova` or `+async`) choosing every device's work, aggregated with FedNova for a
+        `+fednova` method, buffered for an `+async` one (`async_buffer_size`; as many local works
+        at most as `max_rounds` rounds of every device, within MAX_ROUNDS aggregations) and
+        FedAvg in rounds otherwise, `seed` its seed."""
+        job = self.job.model_dump()
+        job["local"]["method"] = method.removesuffix(FEDNOVA).removesuffix(VECTOR).removesuffix(ASYNC)
         if method.endswith(ASYNC):
-            most = math.ceil(most * len(self.job.devices) / self.async_buffer_size())
-        return self.job.model_copy(update={"seed": seed, "local": local, "aggregation": aggregation, "max_rounds": most})
+            job["aggregation"] |= {"mode": "buffered", "rule": "fedavg", "buffer_size": self.async_buffer_size()}
+            job["max_rounds"] = min(MAX_ROUNDS, math.ceil(self.job.max_rounds * len(self.job.devices) / self.async_buffer_size()))
+        else:
+            job["aggregation"] |= {"mode": "rounds", "buffer_size": None, "rule": "fednova" if method.endswith(FEDNOVA) else "fedavg"}
+        return FederatedSpec.model_validate(job | {"seed": seed})
 
 
 class MethodSummary(Strict):

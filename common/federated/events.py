@@ -40,7 +40,7 @@ from pydantic import Field
 from ..jobs.state import EventField, EventKind, Refused
 from ..schemas import Strict
 from .plan import Assignment
-from .records import FINAL, FederatedState, LocalUpdate, Phase, RoundRecord, Work
+from .records import FINAL, FederatedState, LocalUpdate, Phase, RoundRecord, Work, work_of
 
 
 class Accepted(str, Enum):
@@ -117,10 +117,12 @@ class WorkExpired(_Event):
 
 
 class BufferClosed(_Event):
-    """Buffered: the buffer's updates go to the server as aggregation `round`."""
+    """Buffered: the buffer's `size` oldest updates (by work) go to the server as aggregation
+    `round`; the others wait for the next."""
 
     kind: Literal["buffer_closed"] = "buffer_closed"
     round: int = Field(ge=1)
+    size: int = Field(ge=1, description="the updates aggregated (the job's buffer_size)")
 
 
 class Finished(_Event):
@@ -297,11 +299,13 @@ def _buffer_closed(state: FederatedState, event: BufferClosed, now: datetime) ->
     _expect(state, event, Phase.training)
     if state.aggregating:
         raise Refused(f"aggregation {state.round + 1} runs already")
-    if event.round != state.round + 1 or not state.received:
-        raise Refused(f"aggregation {event.round} does not follow aggregation {state.round} with a buffer of updates")
-    changes = {"aggregating": state.received, "received": {}}
-    message = f"aggregation {event.round}: buffer closed with {len(state.received)} updates ({', '.join(sorted(state.received))})"
-    return _change(state, now, changes, EventKind.federated_round, message, {"round": event.round, "updates": len(state.received)})
+    if event.round != state.round + 1 or len(state.received) < event.size:
+        raise Refused(f"aggregation {event.round} does not follow aggregation {state.round} with a buffer of {event.size} updates")
+    taken = sorted(state.received, key=work_of)[: event.size]
+    left = {k: d for k, d in state.received.items() if k not in taken}
+    changes = {"aggregating": {k: state.received[k] for k in taken}, "received": left}
+    message = f"aggregation {event.round}: buffer closed with {len(taken)} updates ({', '.join(taken)})"
+    return _change(state, now, changes, EventKind.federated_round, message, {"round": event.round, "updates": len(taken)})
 
 
 def _buffer_aggregated(state: FederatedState, event: RoundAggregated, now: datetime) -> Change:

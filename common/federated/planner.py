@@ -165,17 +165,23 @@ def _send(view: RoundView, a: Assignment, r: int, work: int | None = None) -> Se
 
 def _buffered(view: RoundView) -> Step:
     """A buffered job's next step: finish it (checked between aggregations); drop the works past
-    their deadline; hand a full buffer to the server (`BufferClosed` with its aggregation, kept
-    in the ledger); else start every idle live device's next work from the newest global model
-    (its work chosen with every live device's, under its cap at the next aggregation)."""
+    their deadline; hand the K oldest updates of a full buffer to the server (`BufferClosed` with
+    its aggregation, kept in the ledger; once it is done, the next K at once if they are in);
+    else, unless the next buffer is full already (then the devices wait for the aggregation
+    running, so the server is never more than a buffer behind), start every idle live device's
+    next work from the newest global model (its work chosen with every live device's, under
+    its cap at the next aggregation)."""
     state, spec, job_id = view.state, view.record.spec, view.record.job_id
     if not state.aggregating and (finish := _finish(view)) is not None:
         return finish
     if expired := [w.work for w in state.in_flight if view.now >= w.deadline_at]:
         return Step(WorkExpired(works=expired))
     r = state.round + 1
-    if not state.aggregating and len(state.received) >= (spec.aggregation.buffer_size or 1):
-        return Step(BufferClosed(round=r), (Aggregate(AggregateRequest(job_id=job_id, round=r)),))
+    k = spec.aggregation.buffer_size or 1
+    if not state.aggregating and len(state.received) >= k:
+        return Step(BufferClosed(round=r, size=k), (Aggregate(AggregateRequest(job_id=job_id, round=r)),))
+    if len(state.received) >= k:  # the next buffer is full while the server aggregates: no more work to wait behind it
+        return Step(None)
     busy = {w.device_id for w in state.in_flight}
     idle = [d.device_id for d in spec.devices if d.device_id in view.live and d.device_id not in busy]
     if not view.live and not busy:

@@ -125,6 +125,11 @@ def work_key(device_id: str, work: int) -> str:
     return f"{device_id}#{work}"
 
 
+def work_of(key: str) -> int:
+    """The work of a buffered update's key (`work_key`'s inverse: an id holds no '#')."""
+    return int(key.rsplit("#", 1)[1])
+
+
 class Work(Strict):
     """Buffered: a device's local work in flight: its number in the job, the aggregation it
     started before (`round`: it trains the global model of `round` - 1 aggregations, `weights`),
@@ -186,6 +191,11 @@ class FederatedState(Strict):
     def work(self, number: int) -> Work | None:
         """Buffered: the work in flight with this number, if it is."""
         return next((w for w in self.in_flight if w.work == number), None)
+
+    def models_needed(self) -> set[str]:
+        """The models the job still reads: its global model, and (buffered) those its works in
+        flight start from."""
+        return {self.global_weights, *(w.weights for w in self.in_flight)}
 
 
 class TrainRequest(Strict):

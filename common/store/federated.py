@@ -4,9 +4,11 @@ The submitter writes the record (and an operator's request to cancel); everythin
 workers'. The state changes only through `apply`, which runs common/federated/events.py's
 `transition` inside one WATCH/MULTI transaction with what follows from the change: an accepted
 update stored in its round, tasks that must not be lost written in the ledger of sent tasks, an
-aggregated round appended and its updates dropped, a finished job's keys given their expiry,
-and the line of the job's log. An update is aggregated only if the state accepted it (its
-digest is in the state), so a write beside `apply` changes nothing."""
+aggregated round appended and its updates dropped (buffered: all but the next buffer's), its
+new global model kept track of until it is deleted, a finished job's keys given their expiry
+and the updates it did not aggregate kept track of for deletion, and the line of the job's log.
+An update is aggregated only if the state accepted it (its digest is in the state), so a write
+beside `apply` changes nothing."""
 
 from __future__ import annotations
 
@@ -32,6 +34,18 @@ def _digest_of(raw: bytes | str) -> str | None:
         return LocalUpdate.model_validate_json(raw).digest()
     except ValueError:
         return None
+
+
+def _accepted_weights(held: dict[str, str], accepted: dict[str, str]) -> list[str]:
+    """The weights of the entries of `held` that the state accepted (`accepted`: key -> digest);
+    an entry written beside `apply` may name any artifact, so it names none to delete."""
+    return sorted(LocalUpdate.model_validate_json(value).weights for key, value in held.items()
+                  if key in accepted and _digest_of(value) == accepted[key])  # fmt: skip
+
+
+def _ends(before: FederatedState, change: Change) -> bool:
+    """Whether the change ends the job."""
+    return change.state.phase in FINAL and before.phase not in FINAL
 
 
 class FederatedStore:
@@ -84,10 +98,11 @@ class FederatedStore:
                         raise Refused(f"no federated job {job_id} has started")
                     before = FederatedState.model_validate_json(raw)
                     change = transition(before, event, now or utc_now())
+                    held = self._held(p, job_id, before, change, event)
                     p.multi()
                     if change.state != before:
                         p.set(k.federated_state(job_id), change.state.model_dump_json())
-                    self._follow(p, job_id, before, change, event)
+                    self._follow(p, job_id, before, change, event, held)
                     for sent in tracked:
                         self._ledger.write(p, sent)
                     p.execute()
@@ -95,23 +110,36 @@ class FederatedStore:
                 except redis.WatchError:
                     continue
 
-    def _follow(self, p: Pipeline, job_id: str, before: FederatedState, change: Change, event: FederatedEvent) -> None:
-        """Queue on `p` what follows from a change besides the state."""
+    def _held(self, p: Pipeline, job_id: str, before: FederatedState, change: Change, event: FederatedEvent) -> dict[str, str]:
+        """The entries of the updates' hash (read on the watched `p`) where the change needs them:
+        a buffered aggregation drops all but the next buffer's, and a job that ends drops them all."""
+        if _ends(before, change) or (isinstance(event, RoundAggregated) and before.buffered):
+            return {str(key): str(value) for key, value in p.hgetall(self._updates_key(job_id, before, before.round)).items()}
+        return {}
+
+    def _follow(self, p: Pipeline, job_id: str, before: FederatedState, change: Change, event: FederatedEvent,
+                held: dict[str, str]) -> None:  # fmt: skip
+        """Queue on `p` what follows from a change besides the state (`held`: `_held`)."""
         k = self._keys
         if isinstance(event, UpdateAccepted):
             p.hset(self._updates_key(job_id, before, event.update.round), event.update.key, event.update.model_dump_json())
         if isinstance(event, RoundAggregated):
             p.rpush(k.federated_rounds(job_id), event.record.model_dump_json())
-            if before.buffered:
-                p.hdel(k.federated_buffer(job_id), *before.aggregating)
-            else:
+            if event.weights != before.global_weights:  # a new global model (an empty round keeps the one before)
+                p.sadd(k.federated_artifacts(job_id), event.weights)
+            if before.buffered and (dropped := set(held) - set(before.received)):  # the buffer aggregated, and entries written beside
+                p.hdel(k.federated_buffer(job_id), *dropped)
+            elif not before.buffered:
                 p.delete(k.federated_round(job_id, event.record.round))
-        if change.state.phase in FINAL and before.phase not in FINAL:
+        if _ends(before, change):
             p.srem(k.federated_active(), job_id)
             p.delete(self._updates_key(job_id, before, before.round))
+            if left := _accepted_weights(held, {**before.received, **before.aggregating}):
+                p.sadd(k.federated_artifacts(job_id), *left)
+            p.srem(k.federated_artifacts(job_id), change.state.global_weights)  # the job's result
             if self.retention_s is not None:
                 for key in (k.federated(job_id), k.federated_cancel(job_id), k.federated_state(job_id), k.federated_rounds(job_id),
-                            k.federated_events(job_id)):  # fmt: skip
+                            k.federated_events(job_id), k.federated_artifacts(job_id)):  # fmt: skip
                     p.expire(key, int(self.retention_s))
         if change.message is not None:
             self._push_event(p, job_id, JobEvent(kind=change.kind or EventKind.federated_round, message=change.message,
@@ -183,16 +211,37 @@ class FederatedStore:
         """The updates the state accepted in its round (buffered: in the buffer being
         aggregated), by key (the device; buffered: the device and its work), and the keys of
         the other entries: an entry the state did not accept (its digest is not the one the
-        state holds: written beside `apply`) is never aggregated."""
+        state holds: written beside `apply`) is never aggregated. Buffered, the updates the
+        job accepted for its next buffers (by `state` or since) are neither."""
         taken = state.aggregating if state.buffered else state.received
         raw = {str(text(d)): u for d, u in self._redis.hgetall(self._updates_key(job_id, state, state.round)).items()}
         if state.buffered:  # the buffer filling meanwhile is not this aggregation's, nor a stray entry
-            raw = {key: value for key, value in raw.items() if key not in state.received}
+            now = self.state(job_id)  # read after the entries: an update accepted since `state` was read is in it
+            filling = {*state.received, *(now.received if now else {}), *(now.aggregating if now else {})} - set(taken)
+            raw = {key: value for key, value in raw.items() if key not in filling}
         accepted = {}
         for key, value in raw.items():
             if key in taken and _digest_of(value) == taken[key]:
                 accepted[key] = LocalUpdate.model_validate_json(value)
         return accepted, sorted(set(raw) - set(accepted))
+
+    def models_to_delete(self, job_id: str) -> list[str]:
+        """The job's models that nothing reads any more: those it keeps track of (its global
+        models; once it ended, the updates it did not aggregate) but the ones its state needs
+        (`FederatedState.models_needed`), read together; none once the state expired."""
+        k = self._keys
+        with self._redis.pipeline() as p:
+            p.smembers(k.federated_artifacts(job_id))
+            p.get(k.federated_state(job_id))
+            members, raw = p.execute()
+        if raw is None:
+            return []
+        return sorted(set(texts(members)) - FederatedState.model_validate_json(raw).models_needed())
+
+    def models_deleted(self, job_id: str, weights: Sequence[str]) -> None:
+        """Stop keeping track of the job's models `weights` (their files are deleted)."""
+        if weights:
+            self._redis.srem(self._keys.federated_artifacts(job_id), *weights)
 
     def events(self, job_id: str) -> list[JobEvent]:
         """The job's event log, oldest first."""

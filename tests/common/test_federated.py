@@ -17,7 +17,7 @@ from edgetrain.common.federated.plan import Assignment, DeviceInRound, assign, b
 from edgetrain.common.federated.records import DeviceRound, Fairness, RoundRecord
 from edgetrain.common.federated.rounds import Update, aggregate, fedavg, fednova, local_train, local_work
 from edgetrain.common.federated.simulate import FederatedRun
-from edgetrain.common.federated.spec import Aggregation, FederatedSpec, LocalWork, Partition
+from edgetrain.common.federated.spec import MAX_ROUNDS, Aggregation, FederatedSpec, LocalWork, Partition
 from edgetrain.common.schemas import LearningRatePolicy, ProfileTable
 from edgetrain.common.selection import SelectionError
 
@@ -350,3 +350,19 @@ def test_the_preset_fleet_and_an_evaluation_spec_refuse_what_cannot_run() -> Non
         FederatedEvaluationSpec.model_validate(PRESET | {"methods": ["edgetrain", "edgetrain"]})
     with pytest.raises(ValidationError, match=r"twins: \['tx2-9'\] are not devices of job.devices"):
         FederatedEvaluationSpec.model_validate(PRESET | {"twins": PRESET["twins"] | {"tx2-9": "jetson-tx2-nx"}})
+
+
+def test_an_async_run_is_a_valid_buffered_job_or_its_evaluation_spec_is_refused() -> None:
+    """`edgetrain+async` runs the job buffered: a job with a fraction of the devices per round
+    cannot be, so its spec is refused with that method (and runs without it), and the run's
+    aggregations (`max_rounds` rounds of every device, K at a time) stay within MAX_ROUNDS."""
+    partial = PRESET["job"] | {"participation": {"fraction": 0.5}}
+    with pytest.raises(ValidationError, match=r"job\.participation\.fraction to 1 or leave \['edgetrain\+async'\] out of methods"):
+        FederatedEvaluationSpec.model_validate(PRESET | {"job": partial})
+    rounds_only = FederatedEvaluationSpec.model_validate(PRESET | {"job": partial, "methods": ["baseline1", "edgetrain"]})
+    assert rounds_only.run_spec("edgetrain", 1).participation.fraction == 0.5
+    long = FederatedEvaluationSpec.model_validate(PRESET | {"job": PRESET["job"] | {"max_rounds": MAX_ROUNDS}})
+    run = long.run_spec("edgetrain+async", 1)
+    assert (run.aggregation.mode, run.aggregation.buffer_size, run.max_rounds, run.local.method) == ("buffered", 3, MAX_ROUNDS, "edgetrain")
+    assert FederatedSpec.model_validate(run.model_dump()) == run
+    assert preset().run_spec("edgetrain+async", 1).max_rounds == 60 * 6 // 3

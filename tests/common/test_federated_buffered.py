@@ -103,7 +103,7 @@ def test_an_update_joins_the_buffer_once_and_only_from_its_work_in_flight() -> N
         with pytest.raises(UpdateRefused) as refused:
             transition(state, UpdateAccepted(update=u), NOW)
         assert refused.value.outcome == outcome
-    closed = transition(taken.state, BufferClosed(round=1), NOW).state  # still a duplicate while its buffer is aggregated
+    closed = transition(taken.state, BufferClosed(round=1, size=1), NOW).state  # still a duplicate while its buffer is aggregated
     with pytest.raises(UpdateRefused) as refused:
         transition(closed, UpdateAccepted(update=update(work(1, "a"))), NOW)
     assert refused.value.outcome == Accepted.duplicate
@@ -111,10 +111,10 @@ def test_an_update_joins_the_buffer_once_and_only_from_its_work_in_flight() -> N
 
 def test_a_closed_buffer_is_aggregated_while_the_next_one_fills() -> None:
     state = transition(RUNNING, UpdateAccepted(update=update(work(1, "a"))), NOW).state
-    closed = transition(state, BufferClosed(round=1), NOW)
+    closed = transition(state, BufferClosed(round=1, size=1), NOW)
     assert (closed.state.aggregating, closed.state.received, closed.state.phase) == (state.received, {}, Phase.training)
     with pytest.raises(Refused, match="runs already"):
-        transition(closed.state, BufferClosed(round=1), NOW)
+        transition(closed.state, BufferClosed(round=1, size=1), NOW)
     filling = transition(closed.state, UpdateAccepted(update=update(work(2, "b"))), NOW).state  # the device did not wait
     assert list(filling.received) == ["b#2"] and list(filling.aggregating) == ["a#1"]
     record = buffer_record(1, 0.6, [Buffered(update(work(1, "a")).trained, 1, 0.2, 0)], 0.0)
@@ -124,12 +124,35 @@ def test_a_closed_buffer_is_aggregated_while_the_next_one_fills() -> None:
     assert (done.round, done.global_weights, done.accuracy, done.aggregating, list(done.received)) == (1, WEIGHTS, 0.6, {}, ["b#2"])
 
 
+def test_a_buffer_closes_with_its_k_oldest_updates_and_the_others_wait_for_the_next() -> None:
+    """Three updates in with K = 2 (they came in while aggregation 1 ran): aggregation 2 takes
+    the two of the oldest works (by number, not as text), the third waits, and the planner
+    closes it into aggregation 3 as soon as K are in again; while a full buffer waits behind
+    the aggregation running, no device starts another work."""
+    filling = buffered(phase=Phase.training, round=1, received={"a#12": "x", "b#3": "y", "c#5": "z"})
+    with pytest.raises(Refused, match="buffer of 4 updates"):
+        transition(filling, BufferClosed(round=2, size=4), NOW)
+    full = plan_round(view(filling))
+    assert full.event == BufferClosed(round=2, size=2)
+    closed = transition(filling, full.event, NOW)
+    assert (closed.state.aggregating, closed.state.received) == ({"b#3": "y", "c#5": "z"}, {"a#12": "x"})
+    assert closed.message == "aggregation 2: buffer closed with 2 updates (b#3, c#5)"
+    record = buffer_record(2, 0.6, [Buffered(update(work(3, "b")).trained, 3, 0.2, 0)], 0.0)
+    assert isinstance(plan_round(view(closed.state)).event, WorkStarted)  # the devices train on while the server aggregates
+    waiting = closed.state.model_copy(update={"received": {**closed.state.received, "b#15": "v"}})
+    assert plan_round(view(waiting)).event is None  # until a full buffer waits behind the aggregation running
+    done = transition(closed.state, RoundAggregated(record=record, weights=WEIGHTS), NOW).state
+    assert done.received == {"a#12": "x"} and isinstance(plan_round(view(done)).event, WorkStarted)
+    again = done.model_copy(update={"received": {**done.received, "c#14": "w"}})
+    assert plan_round(view(again)).event == BufferClosed(round=3, size=2)
+
+
 def test_rounds_and_buffers_do_not_mix() -> None:
     for event in (RoundOpened(round=1, assignments=[assignment("a")], deadline_at=NOW), RoundClosed(round=1)):
         with pytest.raises(Refused, match="buffered job"):
             transition(RUNNING, event, NOW)
     rounds = FederatedState(global_weights="init:0", phase=Phase.training, round=1)
-    for event in (WorkStarted(works=[work(1, "a")]), WorkExpired(works=[1]), BufferClosed(round=1)):
+    for event in (WorkStarted(works=[work(1, "a")]), WorkExpired(works=[1]), BufferClosed(round=1, size=1)):
         with pytest.raises(Refused, match="only to a buffered job"):
             transition(rounds, event, NOW)
 
@@ -150,7 +173,7 @@ def test_the_planner_starts_every_idle_device_closes_full_buffers_and_drops_over
     state = buffered(phase=Phase.training, in_flight=first.event.works[2:], works_sent=3, received={"a#1": "d", "b#2": "e"},
                      device_clock_s={"a": 0.3, "b": 0.5})  # fmt: skip
     full = plan_round(view(state))
-    assert full.event == BufferClosed(round=1) and [e.request.round for e in full.effects if isinstance(e, Aggregate)] == [1]
+    assert full.event == BufferClosed(round=1, size=2) and [e.request.round for e in full.effects if isinstance(e, Aggregate)] == [1]
     meanwhile = plan_round(view(state.model_copy(update={"aggregating": state.received, "received": {}})))
     assert isinstance(meanwhile.event, WorkStarted)  # a and b start again at once, from the newest model, on their own clocks
     assert [(w.work, w.device_id, w.round, w.started_s) for w in meanwhile.event.works] == [(4, "a", 1, 0.3), (5, "b", 1, 0.5)]

@@ -207,14 +207,17 @@ def test_a_buffered_job_keeps_its_updates_in_one_buffer_and_aggregates_only_thos
     store.federated.apply(JOB, WorkStarted(works=works))
     first, second = (update(w.device_id, 1).model_copy(update={"work": w.work}) for w in works)
     assert hand_in(store, first) == Accepted.accepted and hand_in(store, first) == Accepted.duplicate
-    store.federated.apply(JOB, BufferClosed(round=1))
+    aggregating = store.federated.apply(JOB, BufferClosed(round=1, size=1)).state
     assert hand_in(store, second) == Accepted.accepted  # the next buffer fills while aggregation 1 runs
+    accepted, ignored = store.federated.updates(JOB, aggregating)  # the state read before b#2 came in
+    assert list(accepted) == ["a#1"] and ignored == []  # b#2 is the next aggregation's, not an entry written beside
     key = store.keys.federated_buffer(JOB)
     store._redis.hset(key, "ghost#9", update("ghost", 1, held=1_000_000).model_copy(update={"work": 9}).model_dump_json())
     accepted, ignored = store.federated.updates(JOB, store.federated.state(JOB))
-    assert list(accepted) == ["a#1"] and ignored == ["ghost#9"]  # b#2 is the next aggregation's
+    assert list(accepted) == ["a#1"] and ignored == ["ghost#9"]
     record = RoundRecord(round=1, accuracy=0.5, device_time_s=0.1, elapsed_s=0.1, energy_j=1.0, devices=[first.trained], works=[1])
     store.federated.apply(JOB, RoundAggregated(record=record, weights="artifact:g.pt#sha256=" + "1" * 64))
-    assert sorted(store._redis.hkeys(key)) == ["b#2", "ghost#9"] and hand_in(store, first) == Accepted.late
+    assert store._redis.hkeys(key) == ["b#2"] and hand_in(store, first) == Accepted.late  # the entry beside is gone with it
     store.federated.apply(JOB, Cancelled(reason="by hand"))
     assert not store._redis.exists(key)
+    assert store.federated.models_to_delete(JOB) == [second.weights]  # the update it did not aggregate; its last global model stays

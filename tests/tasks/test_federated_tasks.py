@@ -9,7 +9,7 @@ import torch
 
 from edgetrain.common.artifacts import get_state, initial_model
 from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
-from edgetrain.common.federated.events import Accepted
+from edgetrain.common.federated.events import Accepted, RoundClosed
 from edgetrain.common.federated.records import AggregateRequest, FederatedRecord, Phase, TrainRequest
 from edgetrain.common.federated.rounds import Update, aggregate, local_work
 from edgetrain.common.federated.simulate import twin_table
@@ -22,7 +22,7 @@ from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.tasks import context
 from edgetrain.tasks.contract import SERVER_QUEUE, TaskName, device_queue
 from edgetrain.tasks.federated import federated_advance
-from edgetrain.tasks.federated_work import federated_aggregate, federated_train
+from edgetrain.tasks.federated_work import federated_aggregate, federated_cleanup, federated_train
 from edgetrain.workers.processes.device_worker import device_info
 
 JOB = "fedtask0001a"
@@ -151,6 +151,119 @@ def test_a_cancel_asked_for_is_applied_by_the_next_advance(s, table) -> None:
     assert s.federated.active() == []
 
 
+def files() -> list[str]:
+    """The artifact store's files, by name."""
+    folder = context.settings().artifact_dir
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def name_of(weights: str) -> str:
+    return artifact_path(weights, context.settings().artifact_dir)[0].name
+
+
+def work_requests(s, job: str, devices: tuple[str, ...] = ("a", "b")) -> dict[int, TrainRequest]:
+    """The buffered job's works sent to `devices`, by number."""
+    sent = [TrainRequest.model_validate(t.args[0]) for d in devices for t in queued_tasks(s.broker, device_queue(d))]
+    return {r.work: r for r in sent if r.job_id == job and r.work is not None}
+
+
+def test_a_round_closed_without_an_update_keeps_the_global_model_and_the_job_goes_on(s, table) -> None:
+    """No device handed its update in by the deadline (the round closed as the planner closes it
+    then): the aggregation keeps the global model, stores none, and the round counts as empty."""
+    s.resources.put_table(table)
+    assert federated_advance(JOB) == Phase.training.value
+    s.federated.apply(JOB, RoundClosed(round=1))
+    accuracy = federated_aggregate(AggregateRequest(job_id=JOB, round=1))
+    state = s.federated.state(JOB)
+    assert (state.phase, state.global_weights, state.empty_rounds, state.accuracy) == (Phase.aggregated, SPEC.weights, 1, accuracy)
+    (done,) = s.federated.rounds(JOB)
+    assert done.devices == [] and done.missing == ["a", "b"] and files() == []
+    assert federated_advance(JOB) == Phase.training.value and s.federated.state(JOB).round == 2
+
+
+def test_the_newest_global_model_stays_when_the_artifact_store_is_reached_through_a_link(s, table, redis_server, tmp_path) -> None:
+    """EDGETRAIN_ARTIFACT_DIR names a link to the folder: each aggregation keeps its new global
+    model and deletes the one it superseded."""
+    (tmp_path / "store").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "store")
+    context.init(Settings(redis_url=redis_server.url, artifact_dir=tmp_path / "link"),
+                 ("edgetrain.tasks.federated", "edgetrain.tasks.federated_work"))  # fmt: skip
+    s.resources.put_table(table)
+    for r in (1, 2):
+        assert federated_advance(JOB) == Phase.training.value
+        for device_id, request in train_requests(s).items():
+            bind(device_id)
+            federated_train(request)
+        assert federated_advance(JOB) == Phase.aggregating.value
+        federated_aggregate(AggregateRequest(job_id=JOB, round=r))
+        newest = s.federated.state(JOB).global_weights
+        assert get_state(newest, tmp_path / "link") and files() == [name_of(newest)]
+
+
+def test_a_device_named_like_a_global_model_keeps_its_buffered_update(s, table) -> None:
+    """Device `b-global`'s update joins the next buffer while aggregation 1 runs; storing and
+    pruning aggregation 1's global model leaves it, and aggregation 2 takes it."""
+    job = "fedtaskglob1"
+    devices = [SPEC.devices[0], SPEC.devices[1].model_copy(update={"device_id": "b-global"})]
+    spec = SPEC.model_copy(update={"aggregation": Aggregation(mode="buffered", buffer_size=1), "max_rounds": 5, "devices": devices})
+    s.fleet.register(device_info("b-global", SimulatedDevice(load_twin(TWIN))), ttl_s=60, instance="test")
+    s.federated.create(FederatedRecord(job_id=job, spec=spec))
+    s.resources.put_table(table)
+    federated_advance(job)
+    sent = work_requests(s, job, ("a", "b-global"))
+    bind("a")
+    assert federated_train(sent[1]) == Accepted.accepted.value
+    federated_advance(job)  # aggregation 1 takes a's update
+    bind("b-global")
+    assert federated_train(sent[2]) == Accepted.accepted.value
+    assert federated_aggregate(AggregateRequest(job_id=job, round=1)) is not None
+    federated_advance(job)  # aggregation 2 takes b-global's
+    assert federated_aggregate(AggregateRequest(job_id=job, round=2)) is not None
+    assert [w for r in s.federated.rounds(job) for w in r.works] == [1, 2]
+
+
+def test_a_buffered_job_cancelled_leaves_only_its_last_global_model(s, table) -> None:
+    """Buffer of 1: b's second work starts from aggregation 1's model, a's second update is being
+    aggregated and a third work runs from aggregation 2's when the job is cancelled: the cleanup
+    sent with the cancel (written in the ledger) deletes the update and the superseded model."""
+    job = "fedtaskend01"
+    spec = SPEC.model_copy(update={"aggregation": Aggregation(mode="buffered", buffer_size=1), "max_rounds": 5})
+    s.federated.create(FederatedRecord(job_id=job, spec=spec))
+    s.resources.put_table(table)
+    federated_advance(job)  # works 1 (a) and 2 (b)
+    bind("a")
+    assert federated_train(work_requests(s, job)[1]) == Accepted.accepted.value
+    federated_advance(job)  # aggregation 1 takes a#1; a starts work 3
+    bind("b")
+    assert federated_train(work_requests(s, job)[2]) == Accepted.accepted.value
+    federated_aggregate(AggregateRequest(job_id=job, round=1))
+    federated_advance(job)  # aggregation 2 takes b#2; b starts work 4 from aggregation 1's model
+    bind("a")
+    assert federated_train(work_requests(s, job)[3]) == Accepted.accepted.value
+    federated_aggregate(AggregateRequest(job_id=job, round=2))
+    federated_advance(job)  # aggregation 3 takes a#3; a starts work 5
+    state = s.federated.state(job)
+    assert (list(state.aggregating), [(w.work, w.round) for w in state.in_flight]) == (["a#3"], [(4, 2), (5, 3)])
+    assert len(files()) == 3  # aggregation 1's model (work 4 starts from it), aggregation 2's, a#3's change
+    s.federated.request_cancel(job)
+    assert federated_advance(job) == Phase.cancelled.value
+    (cleanup,) = [t for t in queued_tasks(s.broker, SERVER_QUEUE) if t.name == TaskName.federated_cleanup.value]
+    assert cleanup.args == [job] and cleanup.id in [t.task_id for t in s.ledger.unseen_since(float("inf"), 20)]
+    assert federated_cleanup(job) == 2 and files() == [name_of(state.global_weights)]
+    assert federated_aggregate(AggregateRequest(job_id=job, round=3)) is None and files() == [name_of(state.global_weights)]
+
+
+def test_a_job_cancelled_mid_round_leaves_no_update(s, table) -> None:
+    """a's update is in when the round's job is cancelled: the cleanup deletes it."""
+    s.resources.put_table(table)
+    federated_advance(JOB)
+    bind("a")
+    assert federated_train(train_requests(s)["a"]) == Accepted.accepted.value and len(files()) == 1
+    s.federated.request_cancel(JOB)
+    assert federated_advance(JOB) == Phase.cancelled.value
+    assert federated_cleanup(JOB) == 1 and files() == []
+
+
 def test_a_buffered_job_aggregates_every_k_updates_while_its_devices_train_on(s, table) -> None:
     """Buffer of 1 over two devices: a's update closes the buffer at once and a starts its next
     work while the server aggregates; b's update, from the model before it, joins the next
@@ -161,8 +274,7 @@ def test_a_buffered_job_aggregates_every_k_updates_while_its_devices_train_on(s,
     s.resources.put_table(table)
 
     def requests() -> dict[int, TrainRequest]:
-        sent = [TrainRequest.model_validate(t.args[0]) for d in ("a", "b") for t in queued_tasks(s.broker, device_queue(d))]
-        return {r.work: r for r in sent if r.job_id == job and r.work is not None}
+        return work_requests(s, job)
 
     assert federated_advance(job) == Phase.training.value
     first = requests()
