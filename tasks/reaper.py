@@ -22,10 +22,13 @@ just before Redis died."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
+from collections.abc import Callable
 
+import redis
 from celery import Celery
 from typing_extensions import override
 
@@ -43,9 +46,19 @@ logger = logging.getLogger(__name__)
 RECHECK_BATCH = 500  # dispatched fine-tunes looked at per pass, at most
 
 
-def _unacked_id(raw: bytes | str) -> str | None:
-    """The task id of an entry of kombu's hash of unacknowledged messages ([message, exchange, key])."""
-    return json.loads(raw)[0].get("headers", {}).get("id")
+def _task_id(raw: bytes | str, unacked: bool = False) -> str | None:
+    """The task id of a queued broker message, or of an entry of kombu's hash of unacknowledged
+    messages (`unacked`: [message, exchange, key]); None for anything else (a malformed message,
+    which a worker drops when it takes it, is no reason to stop a pass)."""
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        return None
+    if unacked:
+        message = message[0] if isinstance(message, list) and message else None
+    headers = message.get("headers") if isinstance(message, dict) else None
+    task_id = headers.get("id") if isinstance(headers, dict) else None
+    return task_id if isinstance(task_id, str) else None
 
 
 def restore_message(app: Celery, task_id: str) -> bool:
@@ -60,7 +73,7 @@ def _queued(app: Celery, queues: set[str], task_ids: set[str]) -> set[str]:
         for queue in queues:
             p.lrange(queue, 0, -1)
         waiting = [raw for raws in p.execute() for raw in raws]
-    return {i for raw in waiting if (i := json.loads(raw).get("headers", {}).get("id")) in task_ids}
+    return {i for raw in waiting if (i := _task_id(raw)) in task_ids}
 
 
 def _restore_unacked(app: Celery, task_ids: set[str]) -> set[str]:
@@ -69,7 +82,7 @@ def _restore_unacked(app: Celery, task_ids: set[str]) -> set[str]:
     with app.connection_for_write() as connection:
         channel = connection.default_channel
         for tag, raw in channel.client.hgetall(channel.unacked_key).items():
-            if (task_id := _unacked_id(raw)) in task_ids:
+            if (task_id := _task_id(raw, unacked=True)) in task_ids:
                 channel.qos.restore_by_tag(tag)
                 restored.add(task_id)
     return restored
@@ -211,13 +224,14 @@ def reap_once(store: Store, app: Celery, settings: Settings, silent_before: froz
     heartbeating, and of those in `silent_before` (the previous pass's answer) that are heard
     from again, so their parts drop the notice that the device is missing; advance the jobs
     waiting for a device that had not registered, once it has or their grace is over. Returns
-    the devices silent now."""
+    the devices silent now. A step that fails on anything but Redis is logged and the pass goes
+    on with the next, so one bad record or message cannot stop the others pass after pass."""
     note_failover(store)
     for lease in store.liveness.expired(settings.lease_ttl_s):
-        hand_on(store, app, settings, lease)
-    redispatch_orphans(store, app, settings)
-    resend_lost(store, app, settings)
-    start_unplanned(store, app, settings)
+        _guarded(f"handing on task {lease.task_id}", functools.partial(hand_on, store, app, settings, lease))
+    _guarded("sending on orphaned fine-tunes", lambda: redispatch_orphans(store, app, settings))
+    _guarded("sending on lost tasks", lambda: resend_lost(store, app, settings))
+    _guarded("starting unplanned jobs", lambda: start_unplanned(store, app, settings))
     for job_id in store.federated.due():
         send(app, TaskName.federated_advance, job_id)
     silent = frozenset(store.fleet.silent_since(settings.heartbeat_ttl_s))
@@ -225,6 +239,17 @@ def reap_once(store: Store, app: Celery, settings: Settings, silent_before: froz
         for job_id in store.jobs.device_jobs(device_id):
             _advance(store, app, job_id, device_id)
     return silent
+
+
+def _guarded(what: str, step: Callable[[], object]) -> None:
+    """Run one step of a pass; Redis errors stop the pass (tried again next period), any other
+    error is logged and the pass goes on."""
+    try:
+        step()
+    except redis.RedisError:
+        raise
+    except Exception:
+        logger.exception("reaper: %s failed; the pass goes on", what)
 
 
 class Reaper(threading.Thread):
