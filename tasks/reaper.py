@@ -135,8 +135,8 @@ def hand_on(store: Store, app: Celery, settings: Settings, lease: Lease) -> bool
     logger.warning("task %s: %s", lease.task_id, message)
     if job_id and not fine_tune:  # a fine-tune's part logged it when it let the attempt go
         store.jobs.event(job_id, EventKind.attempt_lost, message, lease.device_id)
-    if job_id and lease.task not in (TaskName.advance_job.value, TaskName.advance_page.value):
-        _advance(store, app, job_id, lease.device_id)
+    if job_id and (lease.task not in (TaskName.advance_job.value, TaskName.advance_page.value) or outcome != "re-queued"):
+        _advance(store, app, job_id, lease.device_id)  # a job's step whose message is gone is sent again
     return True
 
 

@@ -86,8 +86,8 @@ def on_lost_child(sender: Task | None = None, task_id: str = "", exception: Base
     hard time limit. The worker lives on; what the task served fails with what happened."""
     if sender is None or not isinstance(exception, (WorkerLostError, TimeLimitExceeded)) or not args:
         return
-    if sender.name not in (TaskName.finetune.value, TaskName.profile_device.value):
-        return
+    if sender.name not in (TaskName.finetune.value, TaskName.profile_device.value, TaskName.advance_job.value, TaskName.advance_page.value):
+        return  # a job's step is sent again; the other tasks' runs are handed on by the reaper
     what = f"exceeded its time limit ({exception})" if isinstance(exception, TimeLimitExceeded) else f"its process died: {exception}"
     _restore_device()
     lease = store().liveness.lease(task_id)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Callable
 
+from celery.exceptions import SoftTimeLimitExceeded
 from celery.utils.log import get_task_logger
 
 from edgetrain.common.control_axis import ControlAxis
@@ -152,7 +154,7 @@ def advance_job(job_id: str) -> str:
         return "unknown job"
     pages = math.ceil(len(record.spec.devices) / settings().page_size)
     if pages == 1:
-        return _advance_page(record, 0)
+        return _again_if_out_of_time(TaskName.advance_job, job_id, lambda: _advance_page(record, 0))
     for page in range(pages):
         send(app, TaskName.advance_page, JobPage(job_id=job_id, page=page))
     return "paged"
@@ -166,7 +168,18 @@ def advance_page(page: JobPage) -> str:
     if record is None:
         logger.warning("advance_page: no job %s", page.job_id)
         return "unknown job"
-    return _advance_page(record, page.page)
+    return _again_if_out_of_time(TaskName.advance_page, page, lambda: _advance_page(record, page.page))
+
+
+def _again_if_out_of_time(task: TaskName, payload: str | JobPage, step: Callable[[], str]) -> str:
+    """Run a job's step; when it runs out of time (its soft time limit: Redis slow, say), send it
+    again, so its parts not planned yet are planned by the next run, and let the limit end this one."""
+    try:
+        return step()
+    except SoftTimeLimitExceeded:
+        logger.warning("%s %s ran out of time; sent again", task.value, payload)
+        send(app, task, payload)
+        raise
 
 
 def _advance_page(record: JobRecord, page: int) -> str:
@@ -185,6 +198,8 @@ def _advance_page(record: JobRecord, page: int) -> str:
             continue
         try:
             finished = carry_out(job_id, part, plan(reader.view(target, part))) or finished
+        except SoftTimeLimitExceeded:  # the step, not the part, is out of time
+            raise
         except Exception as exc:  # a bug or a model this worker cannot load: fail the part, say why
             logger.exception("advancing %s/%s failed", job_id, part.device_id)
             finished = _finished(report(job_id, part.device_id, Failed(reason=f"planning failed: {type(exc).__name__}: {exc}"))) or finished

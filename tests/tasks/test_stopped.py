@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import redis
-from billiard.exceptions import WorkerLostError
+from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 
 from edgetrain.common.control_axis import ControlAxis
 from edgetrain.common.jobs.events import AttemptLost, Dispatched, Identified, Requeued
@@ -120,3 +120,15 @@ def test_a_revoked_proxy_run_or_estimation_fails_the_vector_with_the_reason(s) -
     s.coordination.claim(resource, "j1")
     revoke(TaskName.estimate_relation_vector, request.model_dump(mode="json"))
     assert s.coordination.failure(resource).reason == "relation vector estimation was revoked before it ran"
+
+
+@pytest.mark.parametrize("exception", [WorkerLostError("signal 9"), TimeLimitExceeded(300)])
+def test_a_job_step_whose_process_died_or_hit_its_hard_time_limit_is_sent_again(s, broker, exception) -> None:
+    """Celery acknowledges the message of a task whose pool child died or was killed at its hard
+    time limit: the step's parts not planned yet would wait for good."""
+    job(s)
+    on_lost_child(sender=SimpleNamespace(name=TaskName.advance_job.value), task_id="t1", exception=exception, args=("j1",))
+    on_lost_child(sender=SimpleNamespace(name=TaskName.advance_page.value), task_id="t2", exception=exception,
+                  args=({"job_id": "j1", "page": 1},))  # fmt: skip
+    assert [(t.name, t.payload) for t in queued_tasks(broker, "control")] == [(TaskName.advance_job.value, "j1"),
+                                                                              (TaskName.advance_page.value, {"job_id": "j1", "page": 1})]  # fmt: skip

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import redis
+from celery.exceptions import SoftTimeLimitExceeded
 
 from edgetrain.common.control_axis import ControlAxis
 from edgetrain.common.jobs.events import (
@@ -27,7 +28,7 @@ from edgetrain.common.settings import Settings
 from edgetrain.common.store import Lease, Written
 from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.common.testing.tables import B, F, brute_force, random_monotone_table
-from edgetrain.tasks import context
+from edgetrain.tasks import context, workflow
 from edgetrain.tasks.client import poll_until
 from edgetrain.tasks.contract import SERVER_QUEUE, TaskName, device_queue
 from edgetrain.tasks.reaper import reap_once
@@ -437,3 +438,37 @@ def test_a_planning_step_reads_its_part_device_table_vector_and_failure_in_three
     assert s.jobs.part("j1", "d1").state == PartState.queued
     # the record and its unplanned mark; the part and the device; the table and the vector; the table's failure
     assert [c for c in sent if c in ("GET", "ZREM", "MGET")] == ["GET", "ZREM", "MGET", "MGET", "MGET"], sent
+
+
+def test_a_step_out_of_time_fails_no_part_and_is_sent_again(s, broker, monkeypatch) -> None:
+    """The soft time limit (Redis slow, say) lands while a part is planned: that part is not
+    failed for it, and the step is sent again to plan what it had not."""
+    register(s, "d1")
+    submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
+    broker.delete("control")
+
+    def out_of_time(view):
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(workflow, "plan", out_of_time)
+    with pytest.raises(SoftTimeLimitExceeded):
+        advance_job("j1")
+    assert s.jobs.status("j1").parts["d1"].state == PartState.pending
+    assert [(t.name, t.payload) for t in queued_tasks(broker, "control")] == [(TaskName.advance_job.value, "j1")]
+    with pytest.raises(SoftTimeLimitExceeded):
+        advance_page(JobPage(job_id="j1", page=0))
+    assert s.jobs.status("j1").parts["d1"].state == PartState.pending
+    assert [t.name for t in queued_tasks(broker, "control")] == [TaskName.advance_job.value, TaskName.advance_page.value]
+
+
+def test_a_lost_job_step_whose_message_is_gone_is_sent_again_by_the_reaper(s, broker) -> None:
+    """The control worker running a step died and its message was acknowledged already (its hard
+    time limit, say): the reaper sends the step again instead of leaving the job's parts."""
+    register(s, "d1")
+    submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
+    broker.delete("control")
+    s.liveness.take(Lease(task_id="t1", task=TaskName.advance_job.value, attempt="a1", node="control@gone", queue="control", job_id="j1"))
+    broker.zadd(s.keys.leases(), {"t1": 0})  # not renewed for long
+    reap_once(s, context.app(), context.settings())
+    assert [(t.name, t.payload) for t in queued_tasks(broker, "control")] == [(TaskName.advance_job.value, "j1")]
+    assert s.liveness.lease("t1") is None
