@@ -155,8 +155,8 @@ def advance_job(job_id: str) -> str:
     pages = math.ceil(len(record.spec.devices) / settings().page_size)
     if pages == 1:
         return _again_if_out_of_time(TaskName.advance_job, job_id, lambda: _advance_page(record, 0))
-    for page in range(pages):
-        send(app, TaskName.advance_page, JobPage(job_id=job_id, page=page))
+    pages_of = [JobPage(job_id=job_id, page=page) for page in range(pages)]
+    send_tracked(app, store().ledger, TaskName.advance_page, pages_of, job_id=job_id)  # a lost page would wait for good
     return "paged"
 
 

@@ -210,6 +210,8 @@ def test_a_big_job_is_advanced_in_pages(s, broker) -> None:
     pages = queued_tasks(broker, "control")
     assert [t.name for t in pages] == [TaskName.advance_page.value] * 3
     assert [JobPage.model_validate(t.payload).page for t in pages] == [0, 1, 2]
+    ledger = s.ledger.unseen_since(float("inf"), 10)  # a page Redis loses is sent again by the reaper
+    assert sorted(t.task_id for t in ledger) == sorted(t.id for t in pages)
     assert advance_page(JobPage(job_id="big", page=2)) == "advanced"
     states = {d: p.state for d, p in s.jobs.status("big").parts.items()}
     assert all(states[f"d{i:03d}"] == PartState.profiling for i in range(100, 120))  # page 2 only: devices 100..119
