@@ -159,7 +159,9 @@ def redispatch_orphans(store: Store, app: Celery, settings: Settings) -> list[tu
     for (job_id, device_id), token in orphans:
         outcome = "its unacknowledged message was put back on the queue" if token in restored else "it was sent again"
         try:
-            store.jobs.apply(job_id, device_id, Redispatched(token=token, outcome=outcome))
+            seen = parts[(job_id, device_id)].dispatch
+            assert seen is not None
+            store.jobs.apply(job_id, device_id, Redispatched(token=token, outcome=outcome, seen_at=seen.at))
         except (Refused, JobNotFoundError):
             continue
         if token not in restored:

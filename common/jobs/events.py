@@ -134,6 +134,7 @@ class Redispatched(_Event):
     kind: Literal["redispatched"] = "redispatched"
     token: str
     outcome: str
+    seen_at: datetime = Field(description="when the dispatch the reaper found was last sent: another reaper's send since refuses this one")
 
 
 class AttemptStarted(_Event):
@@ -304,6 +305,8 @@ def _redispatched(part: DevicePart, event: Redispatched, now: datetime) -> Chang
     _expect(part, event, PartState.queued)
     if part.dispatch is None or part.dispatch.token != event.token:
         raise Refused("the dispatch moved on")
+    if part.dispatch.at != event.seen_at:
+        raise Refused("sent on already")
     return _change(part, now, {"dispatch": part.dispatch.model_copy(update={"at": now})}, EventKind.attempt_lost,
                    f"nothing ran the fine-tune and none of its messages waited on its queue: {event.outcome}")  # fmt: skip
 

@@ -203,10 +203,13 @@ def test_waiting_notices_and_redispatch() -> None:
     missing = transition(part(PartState.profiling), Waiting(notice="device gone", device_missing=True), NOW)
     assert missing.part.device_missing and missing.kind == EventKind.device_missing
     assert not transition(missing.part, Waiting(notice=None), NOW).part.device_missing
+    sent = dispatched()
+    assert sent.dispatch is not None
     with pytest.raises(Refused, match="moved on"):
-        transition(dispatched(), Redispatched(token="other", outcome="sent again"), NOW)
-    assert (
-        transition(dispatched(), Redispatched(token="t1", outcome="sent again"), NOW + timedelta(seconds=30)).kind == EventKind.attempt_lost
-    )
+        transition(sent, Redispatched(token="other", outcome="sent again", seen_at=sent.dispatch.at), NOW)
+    again = transition(sent, Redispatched(token="t1", outcome="sent again", seen_at=sent.dispatch.at), NOW + timedelta(seconds=30))
+    assert again.kind == EventKind.attempt_lost
+    with pytest.raises(Refused, match="sent on already"):  # a second reaper that found the same orphan
+        transition(again.part, Redispatched(token="t1", outcome="sent again", seen_at=sent.dispatch.at), NOW + timedelta(seconds=31))
     with pytest.raises(Refused, match="applies only when"):
-        transition(part(), Redispatched(token="t1", outcome="sent again"), NOW)
+        transition(part(), Redispatched(token="t1", outcome="sent again", seen_at=NOW), NOW)
