@@ -137,6 +137,7 @@ def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
         return None
     except Stopping as stop:
         if _end(job_id, device_id, AttemptStopped(attempt=attempt, reason=stop.reason), advance=False) is not None:
+            s.coordination.uncount_attempt(self.request.id)  # a clean stop is no lost worker: its next delivery is no retry
             raise Reject(stop.reason, requeue=True) from None  # back on the device's queue, for when a worker serves it again
         return None
     except Exception as exc:

@@ -123,6 +123,14 @@ class Coordination:
             p.delete(self._keys.waiters(resource))
             return sorted(p.execute()[0])
 
+    def uncount_attempt(self, task_id: str) -> None:
+        """Take back the count of the delivery of `task_id` that a worker stopped cleanly (it
+        checkpointed and re-queued the task): only deliveries after a lost worker are retries."""
+        with self._redis.pipeline(transaction=True) as p:
+            p.decr(self._keys.attempts(task_id))
+            p.expire(self._keys.attempts(task_id), ATTEMPTS_TTL_S)
+            p.execute()
+
     def count_attempt(self, task_id: str) -> int:
         """Count one more delivery of task `task_id`; returns the count (incremented and
         given its expiry in one transaction)."""

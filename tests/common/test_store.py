@@ -114,6 +114,8 @@ def test_vector_parts_count_claims_and_once(store) -> None:
 
 def test_attempts_are_counted_with_an_expiry(store, redis_server) -> None:
     assert [store.coordination.count_attempt("t1") for _ in range(3)] == [1, 2, 3]
+    store.coordination.uncount_attempt("t1")  # that delivery was stopped cleanly: no retry
+    assert store.coordination.count_attempt("t1") == 3
     raw = Store.connect(redis_server.url)._redis
     assert 0 < raw.ttl(store.keys.attempts("t1")) <= 7 * 24 * 3600
 
