@@ -116,7 +116,10 @@ def _let_attempt_go(store: Store, job_id: str, device_id: str, attempt: str, out
 
 def hand_on(store: Store, app: Celery, settings: Settings, lease: Lease) -> bool:
     """Hand a lost task on (see the module docstring) and say so in its job's events; False
-    when another control worker did, or a new run of the task holds the lease now."""
+    when another control worker did, a new run of the task holds the lease now, or its process
+    renewed it since the leases were listed (a network blip over many devices: the pass is long)."""
+    if not store.liveness.still_expired(lease.task_id, settings.lease_ttl_s):
+        return False
     job_id = _job_of(store, lease)
     fine_tune = lease.task == TaskName.finetune.value and job_id and lease.device_id
     if fine_tune:

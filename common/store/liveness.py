@@ -202,6 +202,12 @@ class Liveness:
         raws = self._redis.mget([self._keys.lease(t) for t in ids]) if ids else []
         return [Lease.model_validate_json(raw) for raw in raws if raw]
 
+    def still_expired(self, task_id: str, ttl_s: float) -> bool:
+        """Whether the lease of `task_id` is still not renewed within `ttl_s` seconds (its
+        process may have come back since the leases were listed)."""
+        score = self._redis.zscore(self._keys.leases(), task_id)
+        return score is not None and score <= self.now() - ttl_s
+
     def reap(self, lease: Lease) -> bool:
         """Take an expired lease away, unless a new run of its task holds it now; True for
         exactly one caller."""

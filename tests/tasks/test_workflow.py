@@ -31,7 +31,7 @@ from edgetrain.common.testing.tables import B, F, brute_force, random_monotone_t
 from edgetrain.tasks import context, workflow
 from edgetrain.tasks.client import poll_until
 from edgetrain.tasks.contract import SERVER_QUEUE, TaskName, device_queue
-from edgetrain.tasks.reaper import reap_once
+from edgetrain.tasks.reaper import hand_on, reap_once
 from edgetrain.tasks.workflow import advance_job, advance_page, fail_resource
 
 SHAPE = [1, 28, 28]
@@ -474,3 +474,18 @@ def test_a_lost_job_step_whose_message_is_gone_is_sent_again_by_the_reaper(s, br
     reap_once(s, context.app(), context.settings())
     assert [(t.name, t.payload) for t in queued_tasks(broker, "control")] == [(TaskName.advance_job.value, "j1")]
     assert s.liveness.lease("t1") is None
+
+
+def test_a_lease_renewed_after_the_reaper_listed_it_is_not_handed_on(s, broker) -> None:
+    """Devices back from a network blip renew their leases while a long pass works through the
+    list: a run that renewed is left running."""
+    register(s, "d1")
+    submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
+    lease = Lease(task_id="t1", task=TaskName.advance_job.value, attempt="a1", node="control@back", queue="control", job_id="j1")
+    s.liveness.take(lease)
+    broker.zadd(s.keys.leases(), {"t1": 0})
+    (listed,) = s.liveness.expired(context.settings().lease_ttl_s)
+    s.liveness.renew({"t1": "a1"})  # renewed meanwhile
+    broker.delete("control")
+    assert not hand_on(s, context.app(), context.settings(), listed)
+    assert s.liveness.lease("t1") == lease and queued_tasks(broker, "control") == []
