@@ -11,9 +11,14 @@ A part's states and their transitions:
     estimating -> profiling | queued | failed        the vector is ready (or failed); a table
                                                      that went stale is profiled again
     queued     -> finetuning                         the device's worker takes its fine-tune up
-    finetuning -> completed | failed | cancelled     reported by the attempt running it
+    finetuning -> completed | failed | cancelled     reported by the attempt running it; queued
+                                                     again when the attempt is lost or stopped;
+                                                     failed when its device is gone past its grace
     any other  -> cancelled                          the job was cancelled
-    completed, failed, cancelled                     final (an operator may re-queue a part)
+    completed, failed, cancelled                     final (an operator may re-queue a part:
+                                                     pending again; a queued one too)
+
+(common/jobs/events.py has every transition with the event that makes it.)
 
 A device that stops heartbeating (after it was seen) does not fail its parts at once: they
 wait `spec.device_grace_s` seconds after the fleet gives it up (its heartbeat TTL) for it to come

@@ -303,8 +303,9 @@ class JobStore:
         """Apply `event` to the part of `device_id` (common/jobs/events.py decides the change)
         and write it, with what follows from it, only if the part did not change meanwhile (else
         read it again and decide again): one round trip from `seen` (the part as the caller
-        read it), two otherwise. part_events.Refused when it does not apply, JobNotFoundError
-        when there is no such part."""
+        read it), two otherwise, and reads of the part's last progress when its attempt ends and
+        of the job's counts when the change may finish it. Refused (common/jobs/state.py) when it
+        does not apply, JobNotFoundError when there is no such part."""
         key = self._keys.part(job_id, device_id)
         raw = seen.model_dump_json() if seen is not None else None
         while True:
@@ -388,10 +389,6 @@ class JobStore:
         per_device = [key for d in devices for key in (k.part(job_id, d), k.progress(job_id, d), k.checkpoint(job_id, d))]
         by_state = [k.parts_in(job_id, s.value) for s in PartState]
         return [k.job(job_id), k.events(job_id), k.job_states(job_id), k.once(f"finished:{job_id}"), *by_state, *per_device]
-
-    def states(self, job_id: str) -> dict[PartState, int]:
-        """How many of the job's parts are in each state (one round trip)."""
-        return self.tallies([job_id])[job_id].counts
 
     def tallies(self, job_ids: list[str]) -> dict[str, Tally]:
         """The summary of each of `job_ids` (one round trip; an unknown job's is empty)."""

@@ -152,10 +152,6 @@ class Liveness:
         """Whether the worker `instance` (node:pid of its main process) is shutting down."""
         return bool(self._redis.exists(self._keys.stopping(instance)))
 
-    def consumers(self, queue: str, ttl_s: float) -> list[WorkerInfo]:
-        """Live workers that consume `queue`."""
-        return [w for w in self.workers(ttl_s) if queue in w.queues]
-
     # ------------------------------------------------------------------ task leases
 
     def take(self, lease: Lease) -> None:

@@ -184,13 +184,13 @@ def test_leases_expire_unless_renewed_and_are_reaped_once(store) -> None:
     assert live.expired(0.0) == [] and live.lease("t2") is None
 
 
-def test_the_worker_registry_lists_live_consumers_of_a_queue(store) -> None:
+def test_the_worker_registry_lists_live_workers(store) -> None:
     live = store.liveness
     live.heartbeat(WorkerInfo(node="control@h", role="control", queues=["control"], hostname="h", pid=1))
     live.heartbeat(WorkerInfo(node="server-0@h", role="server", queues=["server"], hostname="h", pid=2))
-    assert [w.node for w in live.consumers("server", ttl_s=30)] == ["server-0@h"]
+    assert [(w.node, w.queues) for w in live.workers(ttl_s=30)] == [("control@h", ["control"]), ("server-0@h", ["server"])]
     time.sleep(1.1)
-    assert live.consumers("server", ttl_s=1.0) == []
+    assert live.workers(ttl_s=1.0) == []
     live.remove_worker("control@h")
     assert [w.node for w in live.workers(ttl_s=30)] == ["server-0@h"]
 
@@ -212,11 +212,11 @@ def finished_report(device_id: str) -> RunReport:
 
 def test_a_part_changes_only_through_events_with_its_counts_index_and_ledger(store) -> None:
     store.jobs.create("j1", JobSpec.model_validate(quick_job()))
-    assert store.jobs.device_jobs("nano-1") == ["j1"] and store.jobs.states("j1") == {PartState.pending: 2}
+    assert store.jobs.device_jobs("nano-1") == ["j1"] and store.jobs.tallies(["j1"])["j1"].counts == {PartState.pending: 2}
     with pytest.raises(Refused):
         store.jobs.apply("j1", "nano-1", AttemptFailed(attempt="a1", reason="x"))  # nothing runs it
     start_attempt(store, "j1", "nano-1", "a1")
-    assert store.jobs.states("j1") == {PartState.pending: 1, PartState.finetuning: 1}
+    assert store.jobs.tallies(["j1"])["j1"].counts == {PartState.pending: 1, PartState.finetuning: 1}
     assert store.jobs.dispatched_since(time.time() + 1, 10) == [("j1", "nano-1")]
     with pytest.raises(Refused, match="no longer holds"):
         store.jobs.apply("j1", "nano-1", AttemptFinished(attempt="stale", report=finished_report("nano-1")))
