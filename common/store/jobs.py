@@ -192,13 +192,13 @@ class JobStore:
         self._parsed: OrderedDict[str, tuple[bytes | str, JobRecord, dict[str, int]]] = OrderedDict()
         self._parsed_lock = threading.Lock()
 
-    def _transaction(self, key: str, apply: Callable[[Pipeline], T]) -> T:
-        """`apply`'s value, its writes (queued after `multi()`) made only if `key` did not change
-        since `apply` read it; run again while another process changes it first."""
+    def _transaction(self, key: str, apply: Callable[[Pipeline], T], *also: str) -> T:
+        """`apply`'s value, its writes (queued after `multi()`) made only if `key` (and `also`)
+        did not change since `apply` read it; run again while another process changes it first."""
         with self._redis.pipeline() as p:
             while True:
                 try:
-                    p.watch(key)
+                    p.watch(key, *also)
                     value = apply(p)
                     p.execute()
                     return value
@@ -555,7 +555,7 @@ class JobStore:
             self._log(p, job_id, JobEvent(kind=EventKind.cancelled, message="cancel requested"))
             return record
 
-        return self._transaction(key, apply)
+        return self._transaction(key, apply, self._keys.job_states(job_id))  # a part finishing meanwhile may finish the job
 
     def prune(self, older_than_s: float) -> list[str]:
         """Delete the finished jobs submitted more than `older_than_s` seconds ago; returns

@@ -323,3 +323,24 @@ def test_caps_set_before_the_fleets_hash_of_caps_are_indexed_once_for_metrics(st
     assert store.fleet.index_caps() == 2
     assert store.monitoring.power_caps() == {"nano-1": 3.5, "nano-3": 7.0, "nano-4": 4.0}
     assert store.fleet.index_caps() == 0
+
+
+def test_a_cancel_racing_the_last_part_to_finish_changes_nothing(store, monkeypatch) -> None:
+    """The last part finishes between the cancel's read of the job's counts and its write: the
+    cancel reads again and says the job finished, and no 'cancel requested' follows 'finished'."""
+    from edgetrain.common.store import jobs as jobs_module
+
+    store.jobs.create("j1", JobSpec.model_validate(quick_job()))
+    store.jobs.apply("j1", "nano-1", Failed(reason="broken"))
+    parse, raced = jobs_module.Tally.parse, []
+
+    def finishing_meanwhile(raw):
+        if not raced:
+            raced.append(True)
+            store.jobs.apply("j1", "tx2nx-1", Failed(reason="broken too"))  # on another connection than the cancel's
+        return parse(raw)
+
+    monkeypatch.setattr(jobs_module.Tally, "parse", staticmethod(finishing_meanwhile))
+    with pytest.raises(JobFinished):
+        store.jobs.cancel("j1")
+    assert [e.kind for e in store.jobs.status("j1").events][-1] == EventKind.finished
