@@ -20,6 +20,8 @@ from ..keys import Keys
 from ..schemas import Strict, utc_now
 from .connection import texts
 
+WORKER_KEPT_S = 24 * 3600  # a worker not heard from for this long leaves the registry (s)
+
 
 class WorkerInfo(Strict):
     """A worker process, as it announces itself."""
@@ -116,8 +118,9 @@ class Liveness:
         after = time.time()
         info = info.model_copy(update={"clock_s": (before + after) / 2, "clock_error_s": (after - before) / 2})
         with self._redis.pipeline() as p:
-            p.set(self._keys.worker(info.node), info.model_dump_json())
+            p.set(self._keys.worker(info.node), info.model_dump_json(), ex=WORKER_KEPT_S)
             p.zadd(self._keys.workers(), {info.node: now})
+            p.zremrangebyscore(self._keys.workers(), "-inf", now - WORKER_KEPT_S)  # workers gone uncleanly (a pod's name dies with it)
             p.execute()
 
     def heard_at(self, nodes: list[str]) -> dict[str, float]:

@@ -344,3 +344,15 @@ def test_a_cancel_racing_the_last_part_to_finish_changes_nothing(store, monkeypa
     with pytest.raises(JobFinished):
         store.jobs.cancel("j1")
     assert [e.kind for e in store.jobs.status("j1").events][-1] == EventKind.finished
+
+
+def test_a_worker_gone_uncleanly_leaves_the_registry_after_a_day(store) -> None:
+    """A pod's node name dies with it: its entry must not stay for good."""
+    from edgetrain.common.store.liveness import WORKER_KEPT_S
+
+    live = store.liveness
+    live.heartbeat(WorkerInfo(node="control@old-pod", role="control", queues=["control"], hostname="old-pod", pid=1))
+    assert 0 < store._redis.ttl(store.keys.worker("control@old-pod")) <= WORKER_KEPT_S
+    store._redis.zadd(store.keys.workers(), {"control@old-pod": live.now() - WORKER_KEPT_S - 1})
+    live.heartbeat(WorkerInfo(node="control@new-pod", role="control", queues=["control"], hostname="new-pod", pid=1))
+    assert live.heard_at(["control@old-pod", "control@new-pod"]).keys() == {"control@new-pod"}
