@@ -369,15 +369,21 @@ class JobStore:
         tally = self.tallies([job_id])[job_id]
         if not tally.finished:
             return None
-        if not self._redis.set(self._keys.once(f"finished:{job_id}"), "1", nx=True):
-            return None
-        state = tally.state
-        with self._redis.pipeline() as p:
-            self._log(p, job_id, JobEvent(kind=EventKind.finished, message=f"finished: {state.value}"))
-            if self.retention_s is not None:
-                for key in self._job_keys(job_id):
-                    p.expire(key, int(self.retention_s))
-            p.execute()
+        once, state = self._keys.once(f"finished:{job_id}"), tally.state
+        keys = self._job_keys(job_id) if self.retention_s is not None else []
+        with self._redis.pipeline() as p:  # the mark, the event and the expiries together: none without the others
+            try:
+                p.watch(once)
+                if p.exists(once):
+                    return None
+                p.multi()
+                p.set(once, "1")
+                self._log(p, job_id, JobEvent(kind=EventKind.finished, message=f"finished: {state.value}"))
+                for key in keys:
+                    p.expire(key, int(self.retention_s or 0))
+                p.execute()
+            except redis.WatchError:  # another process marked it first
+                return None
         return state
 
     def _job_keys(self, job_id: str) -> list[str]:
