@@ -285,13 +285,14 @@ def _stop_flag(worker: str, every_s: float = 1.0) -> Callable[[], str | None]:
     return stopping
 
 
-def _lost_work(s: Store, job_id: str, device_id: str, checkpoint: CheckpointRef | None) -> dict[str, float]:
+def _lost_work(s: Store, job_id: str, device_id: str, checkpoint: CheckpointRef | None) -> dict[str, Any]:
     """What the previous attempt trained after its last checkpoint (device s and J): lost with it."""
     progress = s.jobs.progress(job_id, device_id)
     if progress is None:
         return {"lost_device_time_s": 0.0, "lost_energy_j": 0.0}
     kept_s, kept_j = (checkpoint.device_time_s, checkpoint.energy_j) if checkpoint else (0.0, 0.0)
-    return {"lost_device_time_s": max(0.0, progress.device_time_s - kept_s), "lost_energy_j": max(0.0, progress.energy_j - kept_j)}
+    return {"lost_device_time_s": max(0.0, progress.device_time_s - kept_s), "lost_energy_j": max(0.0, progress.energy_j - kept_j),
+            "lost_at": progress.updated_at}  # fmt: skip
 
 
 def _end(job_id: str, device_id: str, event: PartEvent, advance: bool = True) -> Applied | None:

@@ -140,7 +140,9 @@ class Redispatched(_Event):
 class AttemptStarted(_Event):
     """A worker starts running the fine-tune dispatched as `dispatch`, with the request whose
     digest is `digest`; `lost_device_time_s` and `lost_energy_j` are what the previous attempt
-    did after its last checkpoint (lost with it)."""
+    did after its last checkpoint (lost with it), read from its progress written at `lost_at`
+    (a progress counted once already, by an attempt that died before writing its own, counts
+    nothing)."""
 
     kind: Literal["attempt_started"] = "attempt_started"
     dispatch: str
@@ -149,6 +151,7 @@ class AttemptStarted(_Event):
     node: str
     lost_device_time_s: float = Field(0.0, ge=0)
     lost_energy_j: float = Field(0.0, ge=0)
+    lost_at: datetime | None = Field(None, description="when the progress the lost work was read from was written")
     resumed_at_samples: int | None = None
 
 
@@ -363,10 +366,12 @@ def _attempt_started(part: DevicePart, event: AttemptStarted, now: datetime) -> 
     if part.cancel_requested_at is not None:
         raise Refused("its job was cancelled")
     attempt = Attempt(token=event.attempt, number=part.attempts + 1, node=event.node, started_at=now)
+    counted = event.lost_at is not None and part.lost_counted_at is not None and event.lost_at <= part.lost_counted_at
     changes = {
         "state": PartState.finetuning, "attempt": attempt, "attempts": attempt.number, "waiting": None,
-        "lost_device_time_s": part.lost_device_time_s + event.lost_device_time_s,
-        "lost_energy_j": part.lost_energy_j + event.lost_energy_j,
+        "lost_device_time_s": part.lost_device_time_s + (0.0 if counted else event.lost_device_time_s),
+        "lost_energy_j": part.lost_energy_j + (0.0 if counted else event.lost_energy_j),
+        "lost_counted_at": event.lost_at or part.lost_counted_at,
     }  # fmt: skip
     if event.resumed_at_samples is None:
         return _change(part, now, changes)

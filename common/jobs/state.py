@@ -91,6 +91,7 @@ class DevicePart(Strict):
     attempts: int = Field(0, description="fine-tune attempts started")
     lost_device_time_s: float = Field(0.0, description="device time of the work lost with dead attempts (s)")
     lost_energy_j: float = Field(0.0, description="energy of the work lost with dead attempts (J)")
+    lost_counted_at: datetime | None = Field(None, description="when the progress last counted as lost was written")
     cancel_requested_at: datetime | None = Field(None, description="when a running attempt was asked to stop")
     requeued_at: datetime | None = Field(None, description="when the part was last planned again")
     updated_at: datetime = Field(default_factory=utc_now)

@@ -213,3 +213,17 @@ def test_waiting_notices_and_redispatch() -> None:
         transition(again.part, Redispatched(token="t1", outcome="sent again", seen_at=sent.dispatch.at), NOW + timedelta(seconds=31))
     with pytest.raises(Refused, match="applies only when"):
         transition(part(), Redispatched(token="t1", outcome="sent again", seen_at=NOW), NOW)
+
+
+def test_work_lost_with_an_attempt_is_counted_once_when_the_next_attempt_dies_before_its_first_progress() -> None:
+    """Attempt 1 left progress 20 s past its checkpoint; attempt 2 died in its set-up, writing
+    none; attempt 3 reads the same progress again: it counts nothing more."""
+    written = NOW - timedelta(minutes=5)
+    lost = {"lost_device_time_s": 20.0, "lost_energy_j": 40.0, "lost_at": written}
+    p = apply(dispatched(), started("a1"), AttemptLost(attempt="a1", outcome="x"))
+    p = apply(p, started("a2").model_copy(update=lost), AttemptLost(attempt="a2", outcome="x"))
+    p = apply(p, started("a3").model_copy(update=lost))
+    assert (p.lost_device_time_s, p.lost_energy_j, p.attempt.number) == (20.0, 40.0, 3)
+    later = {"lost_device_time_s": 5.0, "lost_energy_j": 10.0, "lost_at": written + timedelta(minutes=1)}  # attempt 3's own progress
+    p = apply(p, AttemptLost(attempt="a3", outcome="x"), started("a4").model_copy(update=later))
+    assert (p.lost_device_time_s, p.lost_energy_j) == (25.0, 50.0)
