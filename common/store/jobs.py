@@ -307,10 +307,12 @@ class JobStore:
         of the job's counts when the change may finish it. Refused (common/jobs/state.py) when it
         does not apply, JobNotFoundError when there is no such part."""
         key = self._keys.part(job_id, device_id)
-        raw = seen.model_dump_json() if seen is not None else None
+        raw, written = (seen.model_dump_json() if seen is not None else None), None
         while True:
             if raw is None and (raw := text(self._redis.get(key))) is None:
                 raise JobNotFoundError(f"job {job_id} has no device {device_id}")
+            if raw == written:  # the write went through but its reply was lost, and the retry found it done
+                break
             before = seen if seen is not None else DevicePart.model_validate_json(raw)
             change = transition(before, event, utc_now())
             if change.part == before:
@@ -320,7 +322,7 @@ class JobStore:
             writes = self._write(job_id, before, change, FinetuneProgress.model_validate_json(last) if last else None)
             if self._compare_and_write(keys=[key], args=[raw, json.dumps(writes)]):
                 break
-            raw, seen = None, None  # changed since it was read
+            raw, seen, written = None, None, writes[0][2]  # changed since it was read (or by this very write: see above)
         if change.part.state == PartState.failed and before.state != PartState.failed:  # every failure passes here
             logger.warning("job %s, %s failed: %s", job_id, device_id, change.part.reason)
         finished = self._finished(job_id) if change.part.state in TERMINAL and before.state not in TERMINAL else None

@@ -356,3 +356,25 @@ def test_a_worker_gone_uncleanly_leaves_the_registry_after_a_day(store) -> None:
     store._redis.zadd(store.keys.workers(), {"control@old-pod": live.now() - WORKER_KEPT_S - 1})
     live.heartbeat(WorkerInfo(node="control@new-pod", role="control", queues=["control"], hostname="new-pod", pid=1))
     assert live.heard_at(["control@old-pod", "control@new-pod"]).keys() == {"control@new-pod"}
+
+
+def test_a_part_write_whose_reply_was_lost_is_not_refused_when_retried(store, monkeypatch) -> None:
+    """The attempt's final write reaches Redis but its reply is lost; redis-py runs the script
+    again, which finds the part changed (by that very write): the report is applied once, and the
+    attempt learns it was (else it would skip keeping its record)."""
+    store.jobs.create("j1", JobSpec.model_validate(quick_job()))
+    start_attempt(store, "j1", "nano-1", "a1")
+    real, lost = store.jobs._compare_and_write, []
+
+    def reply_lost(keys, args):
+        answer = real(keys=keys, args=args)
+        if not lost:
+            lost.append(answer)
+            return 0  # what the retry of a write that went through answers
+        return answer
+
+    monkeypatch.setattr(store.jobs, "_compare_and_write", reply_lost)
+    applied = store.jobs.apply("j1", "nano-1", AttemptFinished(attempt="a1", report=finished_report("nano-1")))
+    assert lost == [1] and applied.change.part.state == PartState.completed
+    events = [e.kind for e in store.jobs.status("j1").events]
+    assert events.count(EventKind.completed) == 1, events
