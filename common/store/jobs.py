@@ -571,12 +571,17 @@ class JobStore:
         cutoff = utc_now().timestamp() - older_than_s
         pruned = []
         for job_id in texts(self._redis.zrangebyscore(self._keys.jobs(), "-inf", cutoff)):
-            if not self.tallies([job_id])[job_id].finished:
-                continue
             keys = self._job_keys(job_id)
-            with self._redis.pipeline() as p:
+
+            def delete_if_finished(p: Pipeline, job_id: str = job_id, keys: list[str] = keys) -> bool:
+                if not Tally.parse(p.hgetall(self._keys.job_states(job_id))).finished:
+                    p.unwatch()
+                    return False
+                p.multi()
                 p.delete(*keys)
                 p.zrem(self._keys.jobs(), job_id)
-                p.execute()
-            pruned.append(job_id)
+                return True
+
+            if self._transaction(self._keys.job_states(job_id), delete_if_finished):  # a part re-queued meanwhile keeps the job
+                pruned.append(job_id)
         return pruned

@@ -288,6 +288,25 @@ def test_finished_jobs_are_pruned_and_running_ones_kept(store) -> None:
     assert [j.job_id for j in store.jobs.summaries()] == ["running"]
 
 
+def test_a_job_re_queued_while_it_is_pruned_is_kept(store, monkeypatch) -> None:
+    from edgetrain.common.store import jobs as jobs_module
+
+    store.jobs.create("j1", JobSpec.model_validate(quick_job()))
+    for device in ("nano-1", "tx2nx-1"):
+        store.jobs.apply("j1", device, Failed(reason="x"))
+    parse, raced = jobs_module.Tally.parse, []
+
+    def requeued_meanwhile(raw):
+        if not raced:
+            raced.append(True)
+            store.jobs.apply("j1", "nano-1", Requeued())  # an operator's requeue, between the check and the delete
+        return parse(raw)
+
+    monkeypatch.setattr(jobs_module.Tally, "parse", staticmethod(requeued_meanwhile))
+    assert store.jobs.prune(older_than_s=0) == []
+    assert store.jobs.record("j1") is not None and store.jobs.status("j1").parts["nano-1"].state == PartState.pending
+
+
 def test_a_job_record_is_parsed_once_until_it_changes(store) -> None:
     store.jobs.create("j1", JobSpec.model_validate(quick_job()))
     first = store.jobs.record("j1")
