@@ -30,7 +30,7 @@
     <p>:learned-trust:<proxy family>       hash data key -> ProxyCheck JSON: how far that proxy's r_b were
                                            from what runs on each data measured (common/finetune/trust.py)
     <p>:learned-index:<kind key>           set of data keys of one kind of data (model, weights,
-                                           dataset name): priors from similar data
+                                           dataset name, learning-rate rule): priors from similar data
     <p>:claim:<resource>                   who is producing a table or vector (expires)
     <p>:once:<name>                        an action that must happen once (expires)
     <p>:waiters:<resource>                 jobs to advance when a resource is ready or failed
@@ -124,9 +124,10 @@ def learned_key(model: str, weights: str, data: BaseModel, target_accuracy: floa
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
-def similar_key(model: str, weights: str, dataset_name: str) -> str:
-    """The key that groups records of one kind of data: model, weights and dataset name."""
-    return hashlib.sha256("\n".join([model, weights, dataset_name]).encode()).hexdigest()[:24]
+def similar_key(model: str, weights: str, dataset_name: str, lr: BaseModel) -> str:
+    """The key that groups records of one kind of data: model, weights, dataset name and
+    learning-rate rule (N_b depends on the rule and optimizer as on the data)."""
+    return hashlib.sha256("\n".join([model, weights, dataset_name, lr.model_dump_json()]).encode()).hexdigest()[:24]
 
 
 def table_resource(tid: str) -> str:

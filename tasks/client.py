@@ -457,7 +457,8 @@ class EdgeTrainClient:
             key = learned_key(spec.model, spec.weights, data, spec.target_accuracy, spec.lr)
             trust = trust_width(self.store.learned.checks(family, exclude=key) if family else [])
             label = ref.name if ref.fraction == 1 else f"{ref.name} ({ref.fraction:g})"
-            found[label] = belief(self.store.learned.records(key) + self.store.learned.live(key), vector, trust)
+            kept = self.store.learned.records(key)
+            found[label] = belief(kept + self.store.learned.live(key, exclude={r.record_id for r in kept}), vector, trust)
         return found
 
     def estimate(self, request: EstimationRequest | dict[str, Any], timeout_s: float | None = None) -> RelationVector:

@@ -117,50 +117,52 @@ def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
         _end(job_id, device_id, AttemptFailed(attempt=attempt, reason="fine-tuning was interrupted too many times (worker lost)"))
         return None
     worker = f"{self.request.hostname}:{os.getppid()}"  # the pool's main process: the worker instance
-    try:
-        vector = s.resources.vector(request.vector_key)
-        memory = _Memory(request, vector)
-        recipe = FineTune(request, device, _Writer(job_id, device_id, attempt, finetune_reporter(self), task_line(self)), Options(
-            attempt=attempt, artifact_dir=settings().artifact_dir, checkpoint_every_s=settings().checkpoint_every_s,
-            stop_requested=_stop_flag(worker), table=s.resources.table(request.table_id), vector=vector,
-            device_cap=lambda: s.fleet.power_cap(device_id), records=memory.records, similar=memory.similar(), publish=memory.publish,
-            trust=memory.trust(), data=memory.data,
-        ))  # fmt: skip
-        with _stopping_on_sigterm():
-            recipe.setup(checkpoint)
-            run = recipe.run()
-    except Superseded as stop:
-        logger.warning("finetune %s/%s: %s", job_id, device_id, stop.reason)
-        return None
-    except CancelledRun as stop:
-        _end(job_id, device_id, AttemptCancelled(attempt=attempt, reason=stop.reason))
-        return None
-    except Stopping as stop:
-        if _end(job_id, device_id, AttemptStopped(attempt=attempt, reason=stop.reason), advance=False) is not None:
-            s.coordination.uncount_attempt(self.request.id)  # a clean stop is no lost worker: its next delivery is no retry
-            raise Reject(stop.reason, requeue=True) from None  # back on the device's queue, for when a worker serves it again
-        return None
-    except Exception as exc:
-        _end(job_id, device_id, AttemptFailed(attempt=attempt, reason=f"fine-tuning failed: {describe(exc)}"))
-        raise TaskFailed(f"fine-tuning failed: {describe(exc)}") from exc
-    ended = _end(job_id, device_id, AttemptFinished(attempt=attempt, report=run))
-    if ended is not None and ended.part.state == PartState.completed:
-        remove_checkpoints(job_id, device_id, settings().artifact_dir)
-        if recipe.record is not None:
-            memory.keep(recipe.record)
-    memory.withdraw()
-    return run
+    with contextlib.ExitStack() as ending:  # the run's partial record is taken down however it ends
+        try:
+            vector = s.resources.vector(request.vector_key)
+            memory = _Memory(request, vector)
+            ending.callback(memory.withdraw)
+            recipe = FineTune(request, device, _Writer(job_id, device_id, attempt, finetune_reporter(self), task_line(self)), Options(
+                attempt=attempt, artifact_dir=settings().artifact_dir, checkpoint_every_s=settings().checkpoint_every_s,
+                stop_requested=_stop_flag(worker), table=s.resources.table(request.table_id), vector=vector,
+                device_cap=lambda: s.fleet.power_cap(device_id), records=memory.records, similar=memory.similar(), publish=memory.publish,
+                trust=memory.trust(), data=memory.data,
+            ))  # fmt: skip
+            with _stopping_on_sigterm():
+                recipe.setup(checkpoint)
+                run = recipe.run()
+        except Superseded as stop:
+            logger.warning("finetune %s/%s: %s", job_id, device_id, stop.reason)
+            return None
+        except CancelledRun as stop:
+            _end(job_id, device_id, AttemptCancelled(attempt=attempt, reason=stop.reason))
+            return None
+        except Stopping as stop:
+            if _end(job_id, device_id, AttemptStopped(attempt=attempt, reason=stop.reason), advance=False) is not None:
+                s.coordination.uncount_attempt(self.request.id)  # a clean stop is no lost worker: its next delivery is no retry
+                raise Reject(stop.reason, requeue=True) from None  # back on the device's queue, for when a worker serves it again
+            return None
+        except Exception as exc:
+            _end(job_id, device_id, AttemptFailed(attempt=attempt, reason=f"fine-tuning failed: {describe(exc)}"))
+            raise TaskFailed(f"fine-tuning failed: {describe(exc)}") from exc
+        ended = _end(job_id, device_id, AttemptFinished(attempt=attempt, report=run))
+        if ended is not None and ended.part.state == PartState.completed:
+            remove_checkpoints(job_id, device_id, settings().artifact_dir)
+            if recipe.record is not None:
+                memory.keep(recipe.record)
+        return run
 
 
 class _Memory:
     """What fine-tunes on this data measured (common/finetune/learned.py), kept in Redis for later jobs;
     the fine-tunes running on it now; and how far the proxy's r_b were on other data
-    (common/finetune/trust.py). A read or write that fails is a warning: the run goes on with what it has."""
+    (common/finetune/trust.py). A read or write that fails is a warning: the run goes on with what it has
+    (a stored entry that does not load here, a newer worker's, is left out by the store)."""
 
     def __init__(self, request: FinetuneRequest, prior: RelationVector | None):
         self.data = data_identity(request.dataset, settings().readable_data_roots())
         self.key = learned_key(request.model, request.weights, self.data, request.target_accuracy, request.lr)
-        self.kind = similar_key(request.model, request.weights, request.dataset.name)
+        self.kind = similar_key(request.model, request.weights, request.dataset.name, request.lr)
         self.record_id, self.prior = f"{request.job_id}:{request.device_id}", prior
         self.family = proxy_family(prior.request) if prior else None
         self._kept, self._records = -1, list[FinetuneRecord]()
@@ -169,20 +171,25 @@ class _Memory:
     def records(self) -> list[FinetuneRecord]:
         """The fine-tunes of this model and weights on this data, to this accuracy, kept so far
         (the list is read again only when one was kept since the last read), and the partial
-        records of the others running on it now."""
+        records of the others running on it now (not one that is kept already)."""
         try:
-            self._kept, found = store().learned.records_if_new(self.key, self._kept)
-            self._live = store().learned.live(self.key, exclude=self.record_id)
+            kept, found = store().learned.records_if_new(self.key, self._kept)
+            records = self._records if found is None else found
+            live = store().learned.live(self.key, exclude={self.record_id, *(r.record_id for r in records)})
         except RedisError as exc:
             logger.warning("the records of %s were not read again: %s", self.key, exc)
             return self._records + self._live
-        if found is not None:
-            self._records = found
+        self._kept, self._records, self._live = kept, records, live
         return self._records + self._live
 
-    def similar(self) -> list[FinetuneRecord]:
-        """Fine-tunes of this model and weights on other data of the same kind."""
-        return [r for found in store().learned.similar(self.kind, exclude=self.key).values() for r in found]
+    def similar(self) -> dict[str, list[FinetuneRecord]]:
+        """Fine-tunes of this model and weights under this learning-rate rule on other data of
+        the same kind, by data key."""
+        try:
+            return store().learned.similar(self.kind, exclude=self.key)
+        except RedisError as exc:
+            logger.warning("the records of similar data were not read: %s", exc)
+            return {}
 
     def trust(self) -> float:
         """How far the proxy's r_b is trusted on this data: from its checks on other data."""
@@ -209,15 +216,16 @@ class _Memory:
             logger.warning("the partial record of %s was not taken down: %s", self.record_id, exc)
 
     def keep(self, record: FinetuneRecord) -> None:
-        """Keep what a completed fine-tune measured, and how far the proxy was from it on this data."""
+        """Keep what a completed fine-tune measured, and how far the proxy was from it on this
+        data. Its part is completed already: whatever fails here is a warning."""
         try:
             store().learned.put_record(self.key, self.kind, record)
             if self.prior is not None and self.family is not None:
                 check = proxy_check(store().learned.records(self.key), self.prior, self.key)
                 if check is not None:
                     store().learned.put_check(self.family, check)
-        except RedisError as exc:
-            logger.warning("the record of %s was not kept: %s", record.record_id, exc)
+        except Exception as exc:  # a completed part's task must not fail for the records of later jobs
+            logger.warning("the record of %s was not kept: %s", record.record_id, describe(exc))
 
 
 class _Writer:

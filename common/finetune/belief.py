@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..schemas import RelationVector
-from .learned import FinetuneRecord, relative_samples
+from .learned import FinetuneRecord, prior_samples, relative_samples
 
 SEED_SPREAD = 0.06  # relative spread of a measured N_b between seeds when the records show none (5-15 % measured here)
 PAPER_TRUST = 0.08  # the proxy's r_b trusted within 8 %: equation (4) within 8 % of the oracle in the paper's results
@@ -89,7 +89,7 @@ def belief(records: Sequence[FinetuneRecord], prior: RelationVector, trust_width
     """What `records` (solo runs on one data) and the prior say about every batch size of the
     prior (see the module docstring)."""
     measured = {b: v for b, v in relative_samples(list(records)).items() if b in prior.batch_sizes}
-    prior_n = {b: n for b in prior.batch_sizes if (n := _prior_samples(prior, b)) is not None}
+    prior_n = {b: n for b in prior.batch_sizes if (n := prior_samples(prior, b)) is not None}
     shared = [b for b in measured if b in prior_n]
     scale = math.exp(statistics.fmean(math.log(statistics.fmean(measured[b]) / prior_n[b]) for b in shared)) if shared else 1.0
     known: dict[int, Estimate] = {}
@@ -113,8 +113,3 @@ def belief(records: Sequence[FinetuneRecord], prior: RelationVector, trust_width
         estimates[b] = Estimate(b, min(max(point, bounded_low), bounded_high), bounded_low, bounded_high, source,
                                 optimistic=floor if below else bounded_low)  # fmt: skip
     return Belief(estimates=dict(sorted(estimates.items())), records=len(records), trust_width=trust_width)
-
-
-def _prior_samples(prior: RelationVector, batch_size: int) -> float | None:
-    """The prior's N_b, or its r_b where it records no N_b."""
-    return prior.samples_for(batch_size) if prior.samples_mean is not None else prior.ratio(batch_size)

@@ -19,7 +19,7 @@ import hashlib
 import math
 import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -195,40 +195,77 @@ def relative_samples(records: list[FinetuneRecord]) -> dict[int, list[float]]:
     return values if full or len(values) > 1 else {}
 
 
-def learned_vector(records: list[FinetuneRecord], prior: RelationVector, similar: bool = False) -> RelationVector | None:
+def learned_vector(records: list[FinetuneRecord], prior: RelationVector) -> RelationVector | None:
     """The relation vector that `records` (of one data key) give, over `prior`'s batch sizes:
     N_b measured where the records have it (mean over records), elsewhere the prior's N_b
     scaled by the geometric mean of measured / prior over the batch sizes both have (the
-    prior's r_b when it has no N_b). `similar`: the records are of other data of the same
-    kind (another fraction or target accuracy), so each N_b is the geometric mean of the
-    learned and the scaled prior's. None unless the records measured two batch sizes or more
+    prior's r_b when it has no N_b). None unless the records measured two batch sizes or more
     (one says nothing about how N_b changes with b)."""
     measured = {b: v for b, v in relative_samples(records).items() if b in prior.batch_sizes}
-
-    def prior_n(b: int) -> float | None:
-        return prior.samples_for(b) if prior.samples_mean is not None else prior.ratio(b)
-
-    shared = [b for b in measured if prior_n(b)]
+    shared = [b for b in measured if prior_samples(prior, b)]
     if len(measured) < 2 or not shared:
         return None
-    scale = math.exp(statistics.fmean(math.log(statistics.fmean(measured[b]) / prior_n(b)) for b in shared))  # type: ignore[operator]
+    scale = math.exp(statistics.fmean(math.log(statistics.fmean(measured[b]) / prior_samples(prior, b)) for b in shared))  # type: ignore[operator]
     means: list[float | None] = []
     stds: list[float | None] = []
     for b in prior.batch_sizes:
-        n = prior_n(b)
+        n = prior_samples(prior, b)
         if b in measured:
-            learned = statistics.fmean(measured[b])
-            means.append(math.sqrt(learned * n * scale) if similar and n else learned)
-            stds.append(statistics.stdev(measured[b]) if len(measured[b]) > 1 and not similar else None)
+            means.append(statistics.fmean(measured[b]))
+            stds.append(statistics.stdev(measured[b]) if len(measured[b]) > 1 else None)
         else:
             means.append(None if n is None else n * scale)
             stds.append(None)
-    reached = [(b, n) for b, n in zip(prior.batch_sizes, means) if n is not None]
-    reference_b, reference_n = reached[-1]
     tried = sorted(measured)
-    kind = "similar data (blended with the prior)" if similar else "this data"
-    rest = "" if len(tried) == len(reached) else f"; the other batch sizes from the prior {prior.key or ''} scaled to them"
-    summary = f"learned from {len(records)} fine-tune record(s) of {kind}: N_b measured on the device's data at b={tried}{rest}"
+    scaled = sum(n is not None for n in means) > len(tried)
+    rest = f"; the other batch sizes from the prior {prior.key or ''} scaled to them" if scaled else ""
+    summary = f"learned from {len(records)} fine-tune record(s) of this data: N_b measured on the device's data at b={tried}{rest}"
+    return _vector(prior, means, stds, records, summary, tried)
+
+
+def similar_vector(groups: Mapping[str, list[FinetuneRecord]], prior: RelationVector) -> RelationVector | None:
+    """The prior moved toward what runs on similar data measured (`groups`: records by data key,
+    of other data of the same kind: another fraction or target accuracy). N_b of different data
+    are on different scales, so each data key gives its own vector (`learned_vector`) and only
+    their r_b are combined: r_b relative to the prior's largest batch size with an N_b, the
+    geometric mean over the data keys that measured b (weighted by their records; over every
+    key's scaled prior where none did), and where some key measured b, the geometric mean of
+    that and the prior's r_b (similar data is a weaker prior than the same data). N_b are on the
+    prior's scale. None unless some data key's records measured two batch sizes or more."""
+    known = [b for b in prior.batch_sizes if prior_samples(prior, b)]
+    vectors = [(v, len(rs)) for rs in groups.values() if (v := learned_vector(rs, prior)) is not None]
+    if not vectors or not known:
+        return None
+    reference = known[-1]
+    prior_reference: float = prior_samples(prior, reference)  # type: ignore[assignment]
+    means: list[float | None] = []
+    for b in prior.batch_sizes:
+        logs = [(math.log(n / v.samples_for(reference)), w, b in v.provenance.measured_batch_sizes)  # type: ignore[operator,union-attr]
+                for v, w in vectors if (n := v.samples_for(b)) is not None]  # fmt: skip
+        if not logs:
+            means.append(None)
+            continue
+        measuring = [(x, w) for x, w, measured in logs if measured]
+        use = measuring or [(x, w) for x, w, _ in logs]
+        log_r = sum(x * w for x, w in use) / sum(w for _, w in use)
+        if measuring and (n := prior_samples(prior, b)):
+            log_r = (log_r + math.log(n / prior_reference)) / 2
+        means.append(prior_reference * math.exp(log_r))
+    records = [r for rs in groups.values() for r in rs]
+    summary = (f"learned from {len(records)} fine-tune record(s) of {len(vectors)} similar data: their r_b, each data's own, "
+               f"blended with the prior's {prior.key or ''}")  # fmt: skip
+    return _vector(prior, means, [None] * len(means), records, summary, [])
+
+
+def prior_samples(prior: RelationVector, b: int) -> float | None:
+    """The prior's N_b, or its r_b where it records no N_b."""
+    return prior.samples_for(b) if prior.samples_mean is not None else prior.ratio(b)
+
+
+def _vector(prior: RelationVector, means: list[float | None], stds: list[float | None], records: list[FinetuneRecord], summary: str,
+            measured: list[int]) -> RelationVector:  # fmt: skip
+    """A learned vector over the prior's batch sizes with N_b `means` (r_b relative to the largest one with an N_b)."""
+    reference_b, reference_n = [(b, n) for b, n in zip(prior.batch_sizes, means) if n is not None][-1]
     return RelationVector(
         batch_sizes=prior.batch_sizes,
         ratios=[None if n is None else n / reference_n for n in means],
@@ -243,6 +280,6 @@ def learned_vector(records: list[FinetuneRecord], prior: RelationVector, similar
             summary=summary,
             prior_key=prior.key,
             records=[r.record_id for r in records],
-            measured_batch_sizes=[] if similar else tried,
+            measured_batch_sizes=measured,
         ),
     )

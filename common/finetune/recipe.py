@@ -49,7 +49,7 @@ from .adaptive import AdaptiveControl, CapFollower
 from .belief import PAPER_TRUST
 from .checkpoints import checkpoint_name, load_checkpoint, remove_checkpoints, save_checkpoint
 from .closed_loop import ClosedLoop
-from .learned import DataIdentity, FinetuneRecord, RecordIdentity, learned_vector
+from .learned import DataIdentity, FinetuneRecord, RecordIdentity, similar_vector
 
 logger = logging.getLogger(__name__)
 SPLIT_SEED = 0  # the train/test split every fine-tune of a dataset uses
@@ -100,7 +100,7 @@ class Options:
     `table`, `vector`, `device_cap`: what re-selection on a new cap needs (without them the
     run keeps its first selection); `records`: reads what fine-tunes measured on this data
     (common/finetune/learned.py), the closed loop's evidence (finished runs and those running on it
-    now), read at set-up and as the run goes; `similar`: records of similar data (a weaker
+    now), read at set-up and as the run goes; `similar`: records of similar data by data key (a weaker
     prior); `publish`: shows this run's partial record to the runs on the same data meanwhile;
     `trust`: how far the proxy's r_b is trusted on this data (common/finetune/trust.py); `data`: the
     identity of this data, for the record this run leaves."""
@@ -114,7 +114,7 @@ class Options:
     vector: RelationVector | None = None
     device_cap: Callable[[], DeviceCap | None] = lambda: None
     records: Callable[[], list[FinetuneRecord]] = lambda: []
-    similar: list[FinetuneRecord] = field(default_factory=list)
+    similar: dict[str, list[FinetuneRecord]] = field(default_factory=dict)
     publish: Callable[[FinetuneRecord], None] = lambda _: None
     trust: float = PAPER_TRUST
     data: DataIdentity | None = None
@@ -238,7 +238,7 @@ class FineTune:
         identity = RecordIdentity(record_id=f"{r.job_id}:{r.device_id}", model=r.model, weights=r.weights, data=o.data,
                                   target_accuracy=r.target_accuracy, lr=r.lr, eval_every_samples=r.eval_every_samples,
                                   device_type=self.device.device_type, seed=r.seed)  # fmt: skip
-        similar = learned_vector(o.similar, o.vector, similar=True)  # records of similar data move the prior toward them
+        similar = similar_vector(o.similar, o.vector)  # records of similar data move the prior toward them
         prior = similar.model_copy(update={"key": o.vector.key}) if similar else o.vector
         loop = ClosedLoop(control, prior, o.records if closed else list, identity, seen=len(self.totals.history), trust=o.trust,
                           power_envelope_w=self.device.power_envelope_w, publish=o.publish)  # fmt: skip

@@ -24,7 +24,7 @@ from pydantic import Field
 
 from ..schemas import EstimationRequest, RelationVector, Strict, utc_now
 from .belief import PAPER_TRUST
-from .learned import FinetuneRecord, relative_samples
+from .learned import FinetuneRecord, prior_samples, relative_samples
 
 PAPER_WEIGHT = 2  # how many checks the paper's results count as
 QUANTILE = 0.8  # the share of data on which the proxy's error stays inside the width
@@ -52,16 +52,11 @@ def proxy_check(records: Sequence[FinetuneRecord], prior: RelationVector, data: 
     """The proxy's error on the data of `records`; None unless they measured two batch sizes
     the prior has N_b for."""
     measured = {b: statistics.fmean(v) for b, v in relative_samples(list(records)).items()}
-    shared = sorted(b for b in measured if (prior.samples_for(b) if prior.samples_mean is not None else prior.ratio(b)))
-    if len(shared) < 2:
+    prior_n = {b: n for b in measured if (n := prior_samples(prior, b))}
+    if len(prior_n) < 2:
         return None
-
-    def prior_n(b: int) -> float:
-        value = prior.samples_for(b) if prior.samples_mean is not None else prior.ratio(b)
-        assert value is not None
-        return value
-
-    errors = [abs(math.log((measured[a] / measured[b]) / (prior_n(a) / prior_n(b)))) for a, b in itertools.combinations(shared, 2)]
+    shared = sorted(prior_n)
+    errors = [abs(math.log((measured[a] / measured[b]) / (prior_n[a] / prior_n[b]))) for a, b in itertools.combinations(shared, 2)]
     return ProxyCheck(data=data, error=max(errors), pairs=len(errors))
 
 

@@ -4,15 +4,36 @@ what runs measured on each data (common/finetune/trust.py)."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Collection, Iterable
+from datetime import timedelta
+from typing import TypeVar
+
 import redis
+from pydantic import ValidationError
 
 from ..finetune.learned import FinetuneRecord
 from ..finetune.trust import ProxyCheck
 from ..keys import Keys
+from ..schemas import Strict, utc_now
 from .connection import text
 
 MAX_RECORDS = 50  # per data key: older records are dropped
-LIVE_TTL_S = 3600  # a running fine-tune's partial record outlives it by at most this (s) when it dies without removing it
+LIVE_TTL_S = 3600  # a running fine-tune's partial record outlives its last update by at most this (s)
+logger = logging.getLogger(__name__)
+RecordT = TypeVar("RecordT", bound=Strict)
+
+
+def _valid(model: type[RecordT], raws: Iterable[str | bytes], where: str) -> list[RecordT]:
+    """The entries of `raws` that load as `model`; one that does not (a newer worker's, with
+    fields this one does not know) is left out with a warning."""
+    found = []
+    for raw in raws:
+        try:
+            found.append(model.model_validate_json(raw))
+        except ValidationError as exc:
+            logger.warning("an entry of %s that does not load here is left out: %s", where, exc)
+    return found
 
 
 class LearnedStore:
@@ -50,11 +71,12 @@ class LearnedStore:
             p.get(self._keys.learned_count(data_key))
             p.lrange(self._keys.learned(data_key), 0, -1)
             count, raw = p.execute()
-        return int(count or 0), [FinetuneRecord.model_validate_json(r) for r in raw]
+        return int(count or 0), _valid(FinetuneRecord, raw, self._keys.learned(data_key))
 
     def publish(self, data_key: str, record: FinetuneRecord) -> None:
-        """Show a running fine-tune's partial record to the others on the same data (it expires
-        LIVE_TTL_S after its last update)."""
+        """Show a running fine-tune's partial record to the others on the same data: read for
+        LIVE_TTL_S after its last update (its `created_at`), so a worker that died without taking it
+        down does not leave it to runs that update theirs; the hash expires LIVE_TTL_S after the last."""
         name = self._keys.learned_live(data_key)
         with self._redis.pipeline() as p:
             p.hset(name, record.record_id, record.model_dump_json())
@@ -65,10 +87,15 @@ class LearnedStore:
         """Take a fine-tune's partial record down (it ended)."""
         self._redis.hdel(self._keys.learned_live(data_key), record_id)
 
-    def live(self, data_key: str, exclude: str | None = None) -> list[FinetuneRecord]:
-        """The partial records of the fine-tunes running on a data now, but `exclude`'s."""
-        raw = self._redis.hgetall(self._keys.learned_live(data_key))
-        return [FinetuneRecord.model_validate_json(v) for k, v in sorted(raw.items()) if text(k) != exclude]
+    def live(self, data_key: str, exclude: Collection[str] = ()) -> list[FinetuneRecord]:
+        """The partial records of the fine-tunes running on a data now but those of `exclude`
+        (record ids): updated in the last LIVE_TTL_S; older ones are deleted."""
+        name = self._keys.learned_live(data_key)
+        found = _valid(FinetuneRecord, [v for k, v in sorted(self._redis.hgetall(name).items()) if text(k) not in exclude], name)
+        fresh_since = utc_now() - timedelta(seconds=LIVE_TTL_S)
+        if stale := [r.record_id for r in found if r.created_at < fresh_since]:
+            self._redis.hdel(name, *stale)
+        return [r for r in found if r.created_at >= fresh_since]
 
     def put_check(self, family: str, check: ProxyCheck) -> None:
         """Keep how far a proxy's r_b were on one data (the newest check of that data replaces the last)."""
@@ -76,8 +103,8 @@ class LearnedStore:
 
     def checks(self, family: str, exclude: str | None = None) -> list[ProxyCheck]:
         """How far a proxy's r_b were on every data it was checked on, but `exclude`."""
-        raw = self._redis.hgetall(self._keys.learned_trust(family))
-        return [ProxyCheck.model_validate_json(v) for k, v in sorted(raw.items()) if text(k) != exclude]
+        name = self._keys.learned_trust(family)
+        return _valid(ProxyCheck, [v for k, v in sorted(self._redis.hgetall(name).items()) if text(k) != exclude], name)
 
     def similar(self, similar_key: str, exclude: str | None = None) -> dict[str, list[FinetuneRecord]]:
         """The records of every data key indexed under `similar_key` but `exclude`, by data key."""

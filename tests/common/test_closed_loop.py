@@ -14,7 +14,7 @@ from edgetrain.common.finetune.adaptive import AdaptiveControl, CapFollower
 from edgetrain.common.finetune.belief import PAPER_TRUST
 from edgetrain.common.finetune.closed_loop import ClosedLoop, LoopSettings
 from edgetrain.common.finetune.exploration import ExplorationPolicy
-from edgetrain.common.finetune.learned import DataIdentity, FinetuneRecord, RecordIdentity, Segment, learned_vector
+from edgetrain.common.finetune.learned import DataIdentity, FinetuneRecord, RecordIdentity, Segment, learned_vector, similar_vector
 from edgetrain.common.schemas import DeviceTarget, LearningRatePolicy, ProfileTable, RelationVector
 from edgetrain.common.selection import Equation4
 from edgetrain.common.testing.devices import ReplayDevice
@@ -305,7 +305,7 @@ def test_a_first_job_starts_from_records_of_similar_data_blended_with_the_prior(
     # runs on similar data (another fraction) found b=32 needing a third of b=8's samples; the
     # prior says 0.6 / 0.8: blended, b=32 is faster (1.1 s x 0.67 against 1.0 s)
     similar = [solo_record(8, "one"), solo_record(32, "two", efficiency=3.0)]
-    blended = learned_vector(similar, PRIOR, similar=True)
+    blended = similar_vector({"other": similar}, PRIOR)
     assert blended is not None and blended.provenance is not None and blended.provenance.source == "learned"
     *_, first = run_loop([], prior=blended)
     assert first[0] == 32 and Equation4(PRIOR).choose(TABLE, None).batch_size == 8

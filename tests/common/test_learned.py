@@ -10,7 +10,15 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from edgetrain.common.finetune.learned import DataIdentity, FinetuneRecord, Segment, data_identity, learned_vector, warp_ratio
+from edgetrain.common.finetune.learned import (
+    DataIdentity,
+    FinetuneRecord,
+    Segment,
+    data_identity,
+    learned_vector,
+    similar_vector,
+    warp_ratio,
+)
 from edgetrain.common.keys import learned_key, similar_key
 from edgetrain.common.schemas import DatasetRef, LearningRatePolicy, RelationVector
 from edgetrain.common.security import RefusedError
@@ -71,12 +79,33 @@ def test_learned_vector_takes_measured_N_b_and_scales_the_prior_elsewhere() -> N
 
 def test_records_of_similar_data_blend_with_the_prior() -> None:
     records = [record(8, 1.0, "a", n=9000), record(32, 1.5, "b", n=6000)]
-    same, similar = learned_vector(records, PRIOR), learned_vector(records, PRIOR, similar=True)
+    same, similar = learned_vector(records, PRIOR), similar_vector({"other": records}, PRIOR)
     assert same is not None and similar is not None
-    for b in (8, 32):  # halfway, in logs, between the learned and the scaled prior
-        scaled_prior = PRIOR.samples_for(b) * math.sqrt(9000 / 6000 * 6000 / 8000)  # type: ignore[operator]
-        assert similar.samples_for(b) == pytest.approx(math.sqrt(same.samples_for(b) * scaled_prior))  # type: ignore[operator]
+    for b in (8, 32):  # r_b halfway, in logs, between the learned and the prior's
+        assert similar.ratio(b) == pytest.approx(math.sqrt(same.ratio(b) * PRIOR.ratio(b)))  # type: ignore[operator]
+    assert similar.samples_for(128) == PRIOR.samples_for(128)  # on the prior's scale: other data's N_b are not this data's
     assert similar.provenance is not None and similar.provenance.measured_batch_sizes == []
+
+
+def on(data: DataIdentity, target: float, *records: FinetuneRecord) -> list[FinetuneRecord]:
+    return [r.model_copy(update={"data": data, "target_accuracy": target}) for r in records]
+
+
+def test_similar_data_combine_their_ratios_not_their_samples() -> None:
+    # three other data of the kind, on three scales: A (a tenth, to 75 %) has r_8 = 0.36, C (a
+    # half, to 92 %) r_8 = 0.64, B (a fifth, to 85 %) r_32 = 0.7; pooled as one data, A's N_8 =
+    # 1800 and B's N_128 = 20000 would make r_8 = 0.14
+    a = on(DataIdentity(name="mnist5k", fraction=0.1), 0.75, record(8, 1.0, "a8", n=1800), record(128, 0.36, "a128", n=5000))
+    b = on(DataIdentity(name="mnist5k", fraction=0.2), 0.85, record(32, 1.0, "b32", n=14000), record(128, 0.7, "b128", n=20000))
+    c = on(DataIdentity(name="mnist5k", fraction=0.5), 0.92, record(8, 1.0, "c8", n=6400), record(128, 0.64, "c128", n=10000))
+    vector = similar_vector({"a": a, "b": b, "c": c}, PRIOR)
+    assert vector is not None
+    r_8 = math.sqrt(0.36 * 0.64)  # the geometric mean of the data that measured b=8 (two records each)
+    assert vector.ratios == pytest.approx([math.sqrt(r_8 * 0.6), math.sqrt(0.7 * 0.8), 1.0])
+    assert vector.samples_mean == pytest.approx([10000 * math.sqrt(r_8 * 0.6), 10000 * math.sqrt(0.7 * 0.8), 10000])
+    assert sorted(vector.provenance.records) == ["a128", "a8", "b128", "b32", "c128", "c8"]  # type: ignore[union-attr]
+    # data that measured one batch size each say nothing about r_b
+    assert similar_vector({"a": a[:1], "b": b[1:]}, PRIOR) is None
 
 
 def test_data_identity_digests_what_a_path_holds(tmp_path) -> None:
@@ -99,13 +128,20 @@ def test_keys_separate_data_and_group_similar_data() -> None:
     assert key != learned_key("smallcnn", "init:0", DATA, 0.93, lr)
     assert key != learned_key("smallcnn", "init:0", DataIdentity(name="mnist5k", fraction=0.5), 0.9, lr)
     assert key != learned_key("smallcnn", "init:1", DATA, 0.9, lr)
-    assert similar_key("smallcnn", "init:0", "mnist5k") != similar_key("smallcnn", "init:0", "digits")
+    assert similar_key("smallcnn", "init:0", "mnist5k", lr) != similar_key("smallcnn", "init:0", "digits", lr)
+    # N_b depends on the learning-rate rule and optimizer as on the data: runs under another are not similar
+    assert similar_key("smallcnn", "init:0", "mnist5k", lr) != similar_key(
+        "smallcnn", "init:0", "mnist5k", LearningRatePolicy(rule="linear")
+    )
+    assert similar_key("smallcnn", "init:0", "mnist5k", lr) != similar_key(
+        "smallcnn", "init:0", "mnist5k", LearningRatePolicy(optimizer="adamw")
+    )
 
 
 def test_the_store_keeps_the_newest_records_per_data_and_finds_similar_data(store) -> None:
     lr = LearningRatePolicy()
     key, other = learned_key("smallcnn", "init:0", DATA, 0.9, lr), learned_key("smallcnn", "init:0", DATA, 0.93, lr)
-    kind = similar_key("smallcnn", "init:0", "mnist5k")
+    kind = similar_key("smallcnn", "init:0", "mnist5k", lr)
     for k in range(MAX_RECORDS + 2):
         store.learned.put_record(key, kind, record(8, 1.0, f"job{k}:dev", n=9000))
     store.learned.put_record(other, kind, record(32, 1.5, "x:dev", n=6000))
@@ -117,7 +153,10 @@ def test_the_store_keeps_the_newest_records_per_data_and_finds_similar_data(stor
 
 
 def test_a_polling_reader_gets_the_records_only_when_one_was_kept_since_its_last_read(store) -> None:
-    key, kind = learned_key("smallcnn", "init:0", DATA, 0.9, LearningRatePolicy()), similar_key("smallcnn", "init:0", "mnist5k")
+    key, kind = (
+        learned_key("smallcnn", "init:0", DATA, 0.9, LearningRatePolicy()),
+        similar_key("smallcnn", "init:0", "mnist5k", LearningRatePolicy()),
+    )
     assert store.learned.records_if_new(key, kept=-1) == (0, [])  # the first read: nothing kept yet
     assert store.learned.records_if_new(key, kept=0) == (0, None)
     store.learned.put_record(key, kind, record(8, 1.0, "a:dev", n=9000))
