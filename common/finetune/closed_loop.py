@@ -15,8 +15,9 @@ data (common/finetune/trust.py).
 At the start the run takes the exploration policy's choice (common/finetune/exploration.py): the fastest
 expected configuration whose worst case is safe against Baseline 1, or a batch size no run on
 this data measured that may be faster still, explored within the job's budget: it runs from the
-first sample, its solo curve measures its N_b against a measured one, and then the run keeps the
-faster of it and the exploit choice. At every evaluation the belief is updated and the run
+first sample, its solo curve measures its N_b against a measured one (given up, unmeasured, at
+the samples planned: what its cost bound covers), and then the run keeps the faster of it and
+the exploit choice. At every evaluation the belief is updated and the run
 switches to another batch size (the frequency at a batch size follows the cap and the power
 guard) when the new choice is predicted faster than the running one by more than `hysteresis`
 (`min_gain` once an exploration is measured), after `min_dwell_evaluations` at the running one,
@@ -236,17 +237,17 @@ class ClosedLoop:
 
     def _threshold(self) -> float | None:
         """The predicted gain a switch needs now; None when none may happen now (an exploration
-        not measured yet: with a batch size to match against, for up to twice the samples
-        planned; without, until its own solo run measures it at the target; the dwell, the
-        switch budget)."""
+        not measured yet: with a batch size to match against, up to the samples planned, which
+        its cost bound covers; without, until its own solo run measures it at the target; the
+        dwell, the switch budget)."""
         s = self.settings
         if self._exploring is not None:
             assert self.belief is not None
             measured = self.adaptive.trainer.batch_size in self.belief.measured
             planned = self._exploring.measure_by_samples
-            if not measured and (planned is None or self.adaptive.trainer.samples < 2 * planned):
+            if not measured and (planned is None or self.adaptive.trainer.samples < planned):
                 return None
-            self._ended_exploration(None if measured else "its N_b was not measured in twice the samples planned")
+            self._ended_exploration(None if measured else "its N_b was not measured in the samples planned")
             return s.policy.min_gain
         if self._since_switch < s.min_dwell_evaluations or self.switches >= s.max_switches:
             return None

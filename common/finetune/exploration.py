@@ -21,7 +21,8 @@ t_b = T[b][f*_b] / N_s. Then, with N_b on the belief's scale:
   stays inside `budget` of the exploit choice's expected time: samples run at it that turn out
   slower count at most (t_e - t_x * N_x / N_e,worst) each (a solo run's progress is the same
   test loss whatever the batch, so the samples are not lost, only their speed), plus one
-  evaluation interval at the exploit choice for the switch. Without a measured batch size to
+  evaluation interval at the exploit choice for the switch; the loop gives it up when it is not
+  measured in those samples, so the bound covers all it may run. Without a measured batch size to
   match it against, a candidate is explored only when its whole worst case fits the budget.
   Once measured, the loop keeps the faster of it and the exploit choice (common/finetune/closed_loop.py).
 """
@@ -68,8 +69,9 @@ class Candidate:
 @dataclass(frozen=True)
 class Choice:
     """What to run now: `selection` (its note says why), whether it exploits or explores, and for
-    an exploration the batch size it is measured against, the samples by which its N_b should be
-    measured and the most it may cost the job (a fraction of the exploit choice's expected time)."""
+    an exploration the samples by which its N_b should be measured against a measured batch size
+    (the loop gives it up there, unmeasured) and the most it may cost the job in those samples
+    (a fraction of the exploit choice's expected time)."""
 
     selection: Selection
     role: Role

@@ -301,6 +301,21 @@ def test_an_explored_batch_size_measured_slower_is_left_for_the_exploit_choice()
     assert loop.exploration is not None and "left" in loop.exploration.outcome and outcome.reached
 
 
+def test_an_exploration_not_measured_in_the_samples_planned_is_given_up_there() -> None:
+    # as above, but b=32 diverges on this data (its test loss grows), so its curve never matches
+    # the records': its cost bound counts the 6 evaluations planned, and the loop gives it up at
+    # the first evaluation at or past them, not later
+    truth = {8: P0 * math.log(100) / 5000, 32: -1.0, 128: P0 * math.log(100) / 10000}
+    records = [solo_record(8, "one", efficiency=truth[8]), solo_record(128, "two", efficiency=truth[128])]
+    settings = LoopSettings(policy=ExplorationPolicy(budget=0.12))
+    loop, adaptive, outcome, totals, first = run_loop(records, efficiency=truth, table=SLOW_SMALL, settings=settings)
+    report = loop.exploration
+    assert first == (32, 200) and report is not None and report.measure_by_samples == 6 * 256
+    [switch] = in_run(adaptive)
+    assert (switch.old_batch_size, switch.new_batch_size, switch.samples) == (32, 8, 6 * 256)
+    assert report.measured_at_samples is None and report.outcome == "its N_b was not measured in the samples planned"
+
+
 def test_a_first_job_starts_from_records_of_similar_data_blended_with_the_prior() -> None:
     # runs on similar data (another fraction) found b=32 needing a third of b=8's samples; the
     # prior says 0.6 / 0.8: blended, b=32 is faster (1.1 s x 0.67 against 1.0 s)
