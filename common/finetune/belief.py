@@ -6,7 +6,8 @@ Three kinds of knowledge, weakest first:
   the proxy's r_b were from what later runs measured on other data; the paper's results set it
   where there is no such history);
 - monotonicity: N_b never falls as b grows (every vector measured here), so measured batch
-  sizes bound the ones between and beside them: a measured r_32 and r_128 bound r_64;
+  sizes bound the ones between and beside them: a measured r_32 and r_128 bound r_64 (where
+  seed noise made measured N_b fall as b grows, they are pooled first so the bounds never cross);
 - solo runs on this data (common/finetune/learned.py): N_b measured, within the spread between seeds.
 
 The interval of an unmeasured batch size is the prior's, cut by the monotone bounds; its point
@@ -98,13 +99,14 @@ def belief(records: Sequence[FinetuneRecord], prior: RelationVector, trust_width
         spread = max(SEED_SPREAD, statistics.stdev(values) / mean if len(values) > 1 else 0.0)
         known[b] = Estimate(b, mean, mean * (1 - spread), mean * (1 + spread), "measured", runs=len(values), optimistic=mean * (1 - spread))
     estimates = dict(known)
+    monotone = _monotone(known)
     for b, n in prior_n.items():
         if b in known:
             continue
         point = n * scale
         low, high = point * math.exp(-trust_width), point * math.exp(trust_width)
-        below = [e.low for m, e in known.items() if m < b]
-        above = [e.high for m, e in known.items() if m > b]
+        below = [interval[0] for m, interval in monotone.items() if m < b]
+        above = [interval[1] for m, interval in monotone.items() if m > b]
         floor, ceiling = max(below, default=0.0), min(above, default=math.inf)
         bounded_low, bounded_high = max(low, floor), min(high, ceiling)
         if bounded_low > bounded_high:  # the prior contradicts what the neighbours measured: they hold
@@ -113,3 +115,17 @@ def belief(records: Sequence[FinetuneRecord], prior: RelationVector, trust_width
         estimates[b] = Estimate(b, min(max(point, bounded_low), bounded_high), bounded_low, bounded_high, source,
                                 optimistic=floor if below else bounded_low)  # fmt: skip
     return Belief(estimates=dict(sorted(estimates.items())), records=len(records), trust_width=trust_width)
+
+
+def _monotone(known: dict[int, Estimate]) -> dict[int, tuple[float, float]]:
+    """The intervals (low, high) of the measured batch sizes for the bounds they put on the
+    others, their points made non-decreasing in b first (pool adjacent violators, weighted by
+    runs; each keeps its relative spread): seed noise can make a measured N_b fall as b grows,
+    and bounds from such neighbours would cross."""
+    blocks: list[tuple[int, float, list[int]]] = []  # (runs, mean, batch sizes) of each pooled block
+    for b in sorted(known):
+        blocks.append((known[b].runs, known[b].samples, [b]))
+        while len(blocks) > 1 and blocks[-2][1] > blocks[-1][1]:
+            (w2, m2, b2), (w1, m1, b1) = blocks.pop(), blocks.pop()
+            blocks.append((w1 + w2, (w1 * m1 + w2 * m2) / (w1 + w2), b1 + b2))
+    return {b: (mean * known[b].low / known[b].samples, mean * known[b].high / known[b].samples) for _, mean, bs in blocks for b in bs}

@@ -53,6 +53,25 @@ def test_measured_neighbours_bound_a_batch_size_between_them_and_scale_the_other
     assert view.estimates[16].source == "prior" and view.estimates[16].high <= view.estimates[32].high * 1.2
 
 
+def reached(b: int, n: int, seed: int = 0) -> FinetuneRecord:
+    """A solo run at b that reached the target at `n` samples (seed noise: N_b off the truth)."""
+    return solo(b, seed=seed).model_copy(update={"samples_to_accuracy": n, "record_id": f"n{b}-{seed}"})
+
+
+def test_measured_neighbours_that_seed_noise_put_out_of_order_still_bound_within_an_interval() -> None:
+    # N_16 = 11000 and N_128 = 9000 measured: their bounds on b=32 and b=64 would cross (low 10340 over high 9540)
+    view = belief([reached(16, 11000), reached(128, 9000)], PRIOR)
+    for b in (32, 64):
+        e = view.estimates[b]
+        assert e.source == "bounded" and e.low <= e.optimistic <= e.samples <= e.high, e
+        assert e.samples == pytest.approx(10000, rel=0.07)  # within the pooled neighbours' spread
+    assert view.estimates[16].samples == 11000 and view.estimates[128].samples == 9000  # what runs measured stays
+    for values in [(11000, 9000, 10000), (5000, 12000, 4000), (9000, 8000, 7000)]:  # (N_16, N_32, N_128), 2 and 3 runs
+        records = [reached(16, values[0]), reached(32, values[1]), reached(32, values[1] + 500, seed=1), reached(128, values[2])]
+        for e in belief(records, PRIOR).estimates.values():
+            assert e.low <= e.optimistic <= e.samples <= e.high, (values, e)
+
+
 def test_the_proxy_error_on_one_data_and_the_trust_learned_from_several() -> None:
     check = proxy_check([solo(32), solo(128)], PRIOR, "data-1")
     measured_ratio, proxy_ratio = 7000 / 10000, 1000 / 2000
