@@ -316,6 +316,22 @@ def test_an_exploration_not_measured_in_the_samples_planned_is_given_up_there() 
     assert report.measured_at_samples is None and report.outcome == "its N_b was not measured in the samples planned"
 
 
+def test_an_exploration_the_cap_moved_the_run_off_ends_unmeasured() -> None:
+    # as in the exploration kept above, but 0.5 s in the cap drops to 2.2 W, where only b=8 (at
+    # 100 Hz) runs: b=32 was run for two evaluations, too few to measure it, and the run's b=8
+    # (measured by the records) must not be taken for it
+    truth = {8: P0 * math.log(100) / 5000, 32: P0 * math.log(100) / 6000, 128: P0 * math.log(100) / 10000}
+    records = [solo_record(8, "one", efficiency=truth[8]), solo_record(128, "two", efficiency=truth[128])]
+    target = DeviceTarget(device_id="d", power_cap_schedule=[[0.0, None], [0.5, 2.2]])
+    settings = LoopSettings(policy=ExplorationPolicy(budget=0.12))
+    loop, adaptive, outcome, *_ = run_loop(records, target=target, efficiency=truth, table=SLOW_SMALL, settings=settings)
+    report = loop.exploration
+    assert report is not None and report.batch_size == 32 and outcome.reached
+    assert [(s.cause, s.new_batch_size) for s in in_run(adaptive)][:1] == [("cap", 8)]
+    assert report.measured_at_samples is None, report.outcome
+    assert report.outcome == "the cap moved the run off it"
+
+
 def test_a_first_job_starts_from_records_of_similar_data_blended_with_the_prior() -> None:
     # runs on similar data (another fraction) found b=32 needing a third of b=8's samples; the
     # prior says 0.6 / 0.8: blended, b=32 is faster (1.1 s x 0.67 against 1.0 s)
