@@ -22,6 +22,11 @@ MAX_RECORDS = 50  # per data key: older records are dropped
 LIVE_TTL_S = 3600  # a running fine-tune's partial record outlives its last update by at most this (s)
 logger = logging.getLogger(__name__)
 RecordT = TypeVar("RecordT", bound=Strict)
+_DELETE_UNCHANGED = """
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then redis.call('HDEL', KEYS[1], ARGV[i]) end
+end
+"""  # a stale partial record is deleted unless it was published again since it was read
 
 
 def _valid(model: type[RecordT], raws: Iterable[str | bytes], where: str) -> list[RecordT]:
@@ -42,6 +47,7 @@ class LearnedStore:
 
     def __init__(self, client: redis.Redis, keys: Keys):
         self._redis, self._keys = client, keys
+        self._delete_unchanged = client.register_script(_DELETE_UNCHANGED)
 
     def put_record(self, data_key: str, similar_key: str, record: FinetuneRecord) -> None:
         """Keep `record` under its data key (at most MAX_RECORDS, newest first) and index the key."""
@@ -91,10 +97,11 @@ class LearnedStore:
         """The partial records of the fine-tunes running on a data now but those of `exclude`
         (record ids): updated in the last LIVE_TTL_S; older ones are deleted."""
         name = self._keys.learned_live(data_key)
-        found = _valid(FinetuneRecord, [v for k, v in sorted(self._redis.hgetall(name).items()) if text(k) not in exclude], name)
+        raws = {text(k): v for k, v in sorted(self._redis.hgetall(name).items()) if text(k) not in exclude}
+        found = _valid(FinetuneRecord, raws.values(), name)
         fresh_since = utc_now() - timedelta(seconds=LIVE_TTL_S)
         if stale := [r.record_id for r in found if r.created_at < fresh_since]:
-            self._redis.hdel(name, *stale)
+            self._delete_unchanged(keys=[name], args=[x for record_id in stale for x in (record_id, raws.get(record_id, ""))])
         return [r for r in found if r.created_at >= fresh_since]
 
     def put_check(self, family: str, check: ProxyCheck) -> None:
