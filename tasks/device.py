@@ -90,8 +90,7 @@ def profile_device(self: Task, request: ProfileRequest) -> ProfileResult | None:
         except ValueError as exc:
             logger.warning("profile of %s stored alone: %s", request.device_id, exc)
     tid = s.resources.put_table(table)
-    s.coordination.release(resource)
-    notify_waiters(resource)
+    notify_waiters(resource, owner=request.owner)
     return ProfileResult(table_id=tid, points_measured=table.points_measured or 0, simulated=table.simulated)
 
 

@@ -67,8 +67,7 @@ def _stopped(name: str, task_id: str, payload: Any, lease: Lease | None, what: s
     elif name == TaskName.profile_device.value:
         profile = ProfileRequest.model_validate(payload)
         resource = profile_resource(profile)
-        if store().coordination.holder(resource) == profile.owner:
-            fail_resource(resource, f"profiling on {profile.device_id} {what}")
+        fail_resource(resource, f"profiling on {profile.device_id} {what}", owner=profile.owner)
     elif name == TaskName.train_proxy.value:
         run = ProxyRunRequest.model_validate(payload)
         fail_resource(vector_resource(vector_key(run.request)), f"proxy training b={run.batch_size} seed={run.seed} {what}")
