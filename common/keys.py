@@ -34,6 +34,8 @@
     <p>:claim:<resource>                   who is producing a table or vector (expires)
     <p>:once:<name>                        an action that must happen once (expires)
     <p>:waiters:<resource>                 jobs to advance when a resource is ready or failed
+    <p>:waiting                            zset of resources with waiters -> when the reaper last
+                                           found them claimed, or their first waiter came (s)
     <p>:failed:<resource>                  why producing a resource failed (expires)
     <p>:attempts:<task id>                 deliveries of a task (expires)
     <p>:jobs                               zset of job ids by submit time
@@ -250,6 +252,9 @@ class Keys:
 
     def waiters(self, resource: str) -> str:
         return f"{self.prefix}:waiters:{resource}"
+
+    def waiting(self) -> str:
+        return f"{self.prefix}:waiting"
 
     def failure(self, resource: str) -> str:
         return f"{self.prefix}:failed:{resource}"

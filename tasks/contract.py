@@ -170,6 +170,12 @@ def to_track(task: TaskName, payload: BaseModel | str, queue: str | None = None,
     return SentTask(task_id=uuid.uuid4().hex, task=task.value, queue=queue or FIXED_ROUTES[task], payload=body, job_id=job_id)
 
 
+def wake_ups(job_ids: Sequence[str]) -> list[SentTask]:
+    """An `advance_job` of each of `job_ids` (jobs waiting on a table or vector that is ready or
+    failed), as the ledger of sent tasks keeps it."""
+    return [to_track(TaskName.advance_job, job_id) for job_id in job_ids]
+
+
 def send_again(app: Celery, sent: SentTask) -> AsyncResult:
     """Send a task of the ledger again, under its own task id."""
     return send(app, TaskName(sent.task), sent.payload, sent.queue, sent.job_id, sent.task_id)

@@ -8,7 +8,6 @@ the worker's main process) fails the part or the table with the reason."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import time
@@ -49,7 +48,7 @@ from edgetrain.common.tables import merge, storable_problem
 from .app import app
 from .context import attempts_exceeded, bound_device, settings, store
 from .contract import TaskFailed, TaskName, describe
-from .leases import attempt_token
+from .leases import attempt_token, worker_instance
 from .reporting import finetune_reporter, profiling_reporter, task_line
 from .workflow import advance_device, fail_resource, notify_waiters
 
@@ -90,8 +89,7 @@ def profile_device(self: Task, request: ProfileRequest) -> ProfileResult | None:
         except ValueError as exc:
             logger.warning("profile of %s stored alone: %s", request.device_id, exc)
     tid = s.resources.put_table(table)
-    s.coordination.release(resource)
-    notify_waiters(resource)
+    notify_waiters(resource, owner=request.owner)
     return ProfileResult(table_id=tid, points_measured=table.points_measured or 0, simulated=table.simulated)
 
 
@@ -116,7 +114,7 @@ def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
     if attempts_exceeded(self.request.id):
         _end(job_id, device_id, AttemptFailed(attempt=attempt, reason="fine-tuning was interrupted too many times (worker lost)"))
         return None
-    worker = f"{self.request.hostname}:{os.getppid()}"  # the pool's main process: the worker instance
+    worker = worker_instance(self)
     with contextlib.ExitStack() as ending:  # the run's partial record is taken down however it ends
         try:
             vector = s.resources.vector(request.vector_key)

@@ -76,6 +76,11 @@ def task_subject(name: str, args: tuple[Any, ...]) -> dict[str, Any]:
     return {}
 
 
+def worker_instance(task: Task) -> str:
+    """The worker instance whose pool process runs `task`: node:pid of its main process."""
+    return f"{task.request.hostname or '?'}:{os.getppid()}"
+
+
 def take_lease(task_id: str, task: Task, args: tuple[Any, ...], **_: Any) -> None:
     """task_prerun: record that this process runs `task_id`, and keep renewing it."""
     from .context import store
@@ -83,7 +88,7 @@ def take_lease(task_id: str, task: Task, args: tuple[Any, ...], **_: Any) -> Non
     keeper = _process_keeper()
     delivery = task.request.delivery_info or {}
     attempt = uuid.uuid4().hex
-    lease = Lease(task_id=task_id, task=task.name, attempt=attempt, node=task.request.hostname or "?",
+    lease = Lease(task_id=task_id, task=task.name, attempt=attempt, node=task.request.hostname or "?", instance=worker_instance(task),
                   queue=delivery.get("routing_key"), **task_subject(task.name, args))  # fmt: skip
     store().liveness.take(lease)
     with keeper.lock:

@@ -18,7 +18,10 @@ message does not wait on its device's queue is sent on: its message, when a work
 and never acknowledged it (a crash lost the hand-on), goes back to the queue; else it is
 sent again under the same task id. So is a profile, an estimation or a proxy run of the
 ledger of sent tasks (common/store/ledger.py): Redis can lose a message that a worker popped
-just before Redis died."""
+just before Redis died.
+
+Jobs waiting on a table or vector that nobody claims (its claim expired) are woken, to plan
+again."""
 
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from edgetrain.common.payloads import ProfileRequest, ProxyRunRequest, profile_r
 from edgetrain.common.settings import Settings
 from edgetrain.common.store import JobNotFoundError, Lease, Store, token_job
 
-from .contract import HANDED_ON, TaskName, device_queue, queue_role, send, send_again
+from .contract import HANDED_ON, TaskName, device_queue, queue_role, send, send_again, wake_ups
 from .store_failover import note_failover
 
 logger = logging.getLogger(__name__)
@@ -91,10 +94,11 @@ def _restore_unacked(app: Celery, task_ids: set[str]) -> set[str]:
 def _release_profile(store: Store, app: Celery, lease: Lease) -> str:
     request = ProfileRequest.model_validate(lease.payload)
     resource = profile_resource(request)
-    if not store.coordination.release_if_held_by(resource, request.owner):
+    woken = store.coordination.settle(resource, wake_ups, owner=request.owner)
+    if woken is None:
         return "its claim had already moved on"
-    for job_id in store.coordination.take_waiters(resource):
-        send(app, TaskName.advance_job, job_id)
+    for sent in woken:
+        send_again(app, sent)
     return "its claim on the table was released; the jobs waiting on it plan again"
 
 
@@ -202,6 +206,20 @@ def resend_lost(store: Store, app: Celery, settings: Settings) -> list[str]:
     return sorted(missing)
 
 
+def wake_unclaimed(store: Store, app: Celery, settings: Settings) -> list[str]:
+    """Wake the jobs waiting on a table or vector that nobody claims (its claim expired, or its
+    producer stopped after it released the claim and before it woke them): they plan again. A
+    resource is looked at once a lease at most, so its waiters are woken once a lease at most.
+    Returns the jobs woken."""
+    now = store.liveness.now()
+    woken = store.coordination.wake_unclaimed(now - settings.lease_ttl_s, now, RECHECK_BATCH, wake_ups)
+    for sent in woken:
+        send_again(app, sent)
+    if woken:
+        logger.warning("woke %d job(s) waiting on a table or vector nobody produces", len(woken))
+    return [str(sent.payload) for sent in woken]
+
+
 def start_unplanned(store: Store, app: Celery, settings: Settings) -> list[str]:
     """Send the first step again of jobs submitted more than a lease ago that no control worker
     took up (Redis lost the message that was to start them); each at most once a lease."""
@@ -228,14 +246,16 @@ def reap_once(store: Store, app: Celery, settings: Settings, silent_before: froz
     dispatched fine-tunes that nothing holds; advance the jobs of devices that stopped
     heartbeating, and of those in `silent_before` (the previous pass's answer) that are heard
     from again, so their parts drop the notice that the device is missing; advance the jobs
-    waiting for a device that had not registered, once it has or their grace is over. Returns
-    the devices silent now. A step that fails on anything but Redis is logged and the pass goes
-    on with the next, so one bad record or message cannot stop the others pass after pass."""
+    waiting for a device that had not registered, once it has or their grace is over; wake the
+    jobs waiting on a table or vector nobody produces. Returns the devices silent now. A step
+    that fails on anything but Redis is logged and the pass goes on with the next, so one bad
+    record or message cannot stop the others pass after pass."""
     note_failover(store)
     for lease in store.liveness.expired(settings.lease_ttl_s):
         _guarded(f"handing on task {lease.task_id}", functools.partial(hand_on, store, app, settings, lease))
     _guarded("sending on orphaned fine-tunes", lambda: redispatch_orphans(store, app, settings))
     _guarded("sending on lost tasks", lambda: resend_lost(store, app, settings))
+    _guarded("waking jobs waiting on what nobody produces", lambda: wake_unclaimed(store, app, settings))
     _guarded("starting unplanned jobs", lambda: start_unplanned(store, app, settings))
     for job_id in store.federated.due():
         send(app, TaskName.federated_advance, job_id)

@@ -96,7 +96,6 @@ def aggregate_when_complete(request: EstimationRequest) -> None:
         s.resources.drop_vector_parts(key)
         raise TaskFailed(reason) from exc
     s.resources.forget_vector_request(key)
-    s.coordination.release(resource)
     notify_waiters(resource)
 
 

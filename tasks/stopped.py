@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from functools import partial
 from typing import Any
 
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
@@ -67,8 +68,7 @@ def _stopped(name: str, task_id: str, payload: Any, lease: Lease | None, what: s
     elif name == TaskName.profile_device.value:
         profile = ProfileRequest.model_validate(payload)
         resource = profile_resource(profile)
-        if store().coordination.holder(resource) == profile.owner:
-            fail_resource(resource, f"profiling on {profile.device_id} {what}")
+        fail_resource(resource, f"profiling on {profile.device_id} {what}", owner=profile.owner)
     elif name == TaskName.train_proxy.value:
         run = ProxyRunRequest.model_validate(payload)
         fail_resource(vector_resource(vector_key(run.request)), f"proxy training b={run.batch_size} seed={run.seed} {what}")
@@ -80,27 +80,41 @@ def _stopped(name: str, task_id: str, payload: Any, lease: Lease | None, what: s
         send(app, TaskName.advance_page, JobPage.model_validate(payload))
 
 
+def _own_lease(task_id: str, instance: str, what: str) -> tuple[bool, Lease | None]:
+    """(whether this worker `instance` may end what task `task_id` served, the lease it holds
+    on it): not when another worker's run of the task holds the lease (this worker froze, and
+    the task was handed on), which is left to that run."""
+    lease = store().liveness.lease(task_id)
+    if lease is not None and lease.instance != instance:
+        logger.warning("task %s %s here, but %s runs it now: left to it", task_id, what, lease.instance or lease.node)
+        return False, None
+    return True, lease
+
+
 def on_lost_child(sender: Task | None = None, task_id: str = "", exception: BaseException | None = None,
-                  args: tuple[Any, ...] = (), **_: Any) -> None:  # fmt: skip
-    """task_failure in a worker's main process: the pool child running a task died or hit its
-    hard time limit. The worker lives on; what the task served fails with what happened."""
+                  args: tuple[Any, ...] = (), instance: str = "", **_: Any) -> None:  # fmt: skip
+    """task_failure in the main process of worker `instance` (node:pid): the pool child running
+    a task died or hit its hard time limit. The worker lives on; what the task served fails
+    with what happened, unless another worker runs the task now."""
     if sender is None or not isinstance(exception, (WorkerLostError, TimeLimitExceeded)) or not args:
         return
     if sender.name not in (TaskName.finetune.value, TaskName.profile_device.value, TaskName.advance_job.value, TaskName.advance_page.value):
         return  # a job's step is sent again; the other tasks' runs are handed on by the reaper
     what = f"exceeded its time limit ({exception})" if isinstance(exception, TimeLimitExceeded) else f"its process died: {exception}"
     _restore_device()
-    lease = store().liveness.lease(task_id)
+    ours, lease = _own_lease(task_id, instance, what)
+    if not ours:
+        return
     if lease is not None:
         store().liveness.release(task_id, lease.attempt)
     _stopped(sender.name, task_id, args[0], lease, what, revoked=False)
 
 
 def on_revoked(sender: Task | None = None, request: Any = None, terminated: bool = False, signum: int | None = None,
-               expired: bool = False, **_: Any) -> None:  # fmt: skip
-    """task_revoked in a worker's main process: an operator revoked a task (running:
-    terminated; queued: discarded on receipt), or it expired. `sender` is the task,
-    `request` its context (id, args)."""
+               expired: bool = False, instance: str = "", **_: Any) -> None:  # fmt: skip
+    """task_revoked in the main process of worker `instance` (node:pid): an operator revoked a
+    task (running: terminated; queued: discarded on receipt), or it expired. `sender` is the
+    task, `request` its context (id, args). A task another worker runs now is left to it."""
     if sender is None or request is None or not request.args:
         return
     how = "expired before it ran" if expired else "was revoked before it ran"
@@ -108,7 +122,9 @@ def on_revoked(sender: Task | None = None, request: Any = None, terminated: bool
         name = signal.Signals(signum).name if signum else "a signal"
         how = f"was terminated by an operator ({name}, e.g. Flower's Terminate or `celery control revoke --terminate`)"
     logger.warning("task %s %s", request.id, how)
-    lease = store().liveness.lease(request.id)
+    ours, lease = _own_lease(request.id, instance, how)
+    if not ours:
+        return
     store().ledger.done(request.id)  # it will not run: what it served ends here
     if terminated:
         _restore_device()
@@ -117,8 +133,8 @@ def on_revoked(sender: Task | None = None, request: Any = None, terminated: bool
     _stopped(sender.name, request.id, request.args[0], lease, how, revoked=True)
 
 
-def watch_stopped_tasks() -> None:
-    """In a worker's main process: end what a task served when it is revoked or its pool
-    child dies (the worker itself lives on)."""
-    task_failure.connect(on_lost_child, weak=False, dispatch_uid="edgetrain-lost-child")
-    task_revoked.connect(on_revoked, weak=False, dispatch_uid="edgetrain-revoked")
+def watch_stopped_tasks(instance: str) -> None:
+    """In the main process of worker `instance` (node:pid): end what a task served when it is
+    revoked or its pool child dies (the worker itself lives on)."""
+    task_failure.connect(partial(on_lost_child, instance=instance), weak=False, dispatch_uid="edgetrain-lost-child")
+    task_revoked.connect(partial(on_revoked, instance=instance), weak=False, dispatch_uid="edgetrain-revoked")

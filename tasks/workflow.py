@@ -40,31 +40,38 @@ from edgetrain.common.schemas import (
     JobSpec,
     utc_now,
 )
-from edgetrain.common.store import Applied, SetAside, Store, token_job
+from edgetrain.common.store import Applied, SetAside, Store
 from edgetrain.common.store.coordination import ResourceFailure
 
 from .app import app
 from .context import settings, store
-from .contract import TaskName, device_queue, send, send_tracked
+from .contract import TaskName, device_queue, send, send_again, send_tracked, wake_ups
 from .effects import claim_and_estimate, claim_and_profile
 
 logger = get_task_logger(__name__)
 
 
-def notify_waiters(resource: str) -> None:
-    """A table or vector is ready (or failed): advance every job waiting for it (a wake-up
-    that must not be lost: it is in the ledger of sent tasks until it has run)."""
-    send_tracked(app, store().ledger, TaskName.advance_job, store().coordination.take_waiters(resource))
+def notify_waiters(resource: str, owner: str | None = None) -> bool:
+    """A table or vector is ready: release its claim (with an `owner`, only while it holds the
+    claim: False otherwise) and advance every job waiting for it; the release and the wake-ups
+    are one transaction, and a wake-up is in the ledger of sent tasks until it has run."""
+    return _settle(resource, owner=owner)
 
 
-def fail_resource(resource: str, reason: str) -> None:
+def fail_resource(resource: str, reason: str, owner: str | None = None) -> None:
     """Producing a table or vector failed: record why for the jobs waiting on this attempt
-    (and the one that claimed it), and wake them. Jobs that come later try again."""
-    logger.warning("%s failed: %s", resource, reason)
-    c = store().coordination
-    holder, waiting = c.holder(resource), c.take_waiters(resource)
-    c.fail(resource, reason, waiting + ([token_job(holder)] if holder else []))
-    send_tracked(app, store().ledger, TaskName.advance_job, sorted(set(waiting + c.take_waiters(resource))))
+    (and the one that claimed it), free its claim and wake them, in one transaction (with an
+    `owner`, only while it holds the claim). Jobs that come later try again."""
+    if _settle(resource, owner, reason):
+        logger.warning("%s failed: %s", resource, reason)
+
+
+def _settle(resource: str, owner: str | None = None, reason: str | None = None) -> bool:
+    """`Coordination.settle` `resource` and send the wake-ups; False when `owner` does not hold it."""
+    woken = store().coordination.settle(resource, wake_ups, owner, reason)
+    for sent in woken or ():
+        send_again(app, sent)
+    return woken is not None
 
 
 def _resource_ids(spec: JobSpec, device_type: str) -> tuple[str, str] | None:
@@ -258,8 +265,7 @@ def carry_out(job_id: str, part: DevicePart, step: Step) -> JobState | None:
         elif isinstance(effect, AwaitDevice):  # the reaper advances the job when the device registers, or then
             s.fleet.await_device(effect.device_id, effect.by)
         elif isinstance(effect, ReleaseTableClaim):
-            if s.coordination.release_if_held_by(resource := table_resource(effect.table_id), job_id):
-                notify_waiters(resource)
+            notify_waiters(table_resource(effect.table_id), owner=job_id)
         elif isinstance(effect, Note) and s.coordination.once(effect.once):
             s.jobs.event(job_id, effect.kind, effect.message, effect.device_id)
     return _finished(applied)

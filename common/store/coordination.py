@@ -4,6 +4,7 @@ actions done once, jobs waiting on a resource, failures, and delivery attempts o
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 import redis
@@ -11,7 +12,8 @@ from pydantic import Field
 
 from ..keys import Keys
 from ..schemas import Strict, utc_now
-from .connection import text
+from .connection import text, texts
+from .ledger import SentTask, TaskLedger
 
 CLAIM_TTL_S = 6 * 3600
 ONCE_TTL_S = 7 * 24 * 3600
@@ -42,36 +44,105 @@ class ResourceFailure(Strict):
         return self.reason if job_id in self.jobs else None
 
 
+# KEYS: the waiters of a resource, the zset of resources with waiters; ARGV: the job, the resource.
+# Adds the waiter; a resource that had none is listed as of now (Redis time).
+_ADD_WAITER = """
+redis.call('SADD', KEYS[1], ARGV[1])
+local now = redis.call('TIME')
+redis.call('ZADD', KEYS[2], 'NX', now[1] + now[2] / 1e6, ARGV[2])
+"""
+
+Wake = Callable[[list[str]], Sequence[SentTask]]  # the wake-ups of jobs taken off a resource, as the ledger keeps them
+
+
 class Coordination:
-    """The named operations jobs and tasks coordinate with; each is one Redis round trip."""
+    """The named operations jobs and tasks coordinate with; each is one Redis transaction. The
+    claim on a resource is written with its producing task's entry in the ledger of sent tasks,
+    and released with the wake-ups of its waiters: a process that stops between two of them
+    leaves nothing stuck."""
 
-    def __init__(self, client: redis.Redis, keys: Keys):
-        self._redis, self._keys = client, keys
+    def __init__(self, client: redis.Redis, keys: Keys, ledger: TaskLedger):
+        self._redis, self._keys, self._ledger = client, keys, ledger
+        self._add_waiter = client.register_script(_ADD_WAITER)
 
-    def claim(self, resource: str, owner: str) -> bool:
+    def claim(self, resource: str, owner: str, tracked: Sequence[SentTask] = ()) -> bool:
         """Claim the production of `resource`: True for the first caller only, which must
-        produce it (or fail it). A new claim is a new attempt: it clears an earlier failure.
-        The claim expires after CLAIM_TTL_S, a last resort: a lost producer releases it."""
-        if not self._redis.set(self._keys.claim(resource), owner, nx=True, ex=CLAIM_TTL_S):
-            return False
-        self._redis.delete(self._keys.failure(resource))
-        return True
-
-    def release_if_held_by(self, resource: str, owner: str) -> bool:
-        """Release the claim on `resource` if `owner` (a claim token, or a job id: any of its
-        tokens) holds it; True when released."""
+        produce it (or fail it); `tracked`, the tasks that produce it, are written in the ledger
+        of sent tasks with the claim (send them after). A new claim is a new attempt: it clears
+        an earlier failure. The claim expires after CLAIM_TTL_S, a last resort: a lost producer
+        releases it, and the reaper wakes the jobs still waiting on a resource nobody claims."""
+        key = self._keys.claim(resource)
         with self._redis.pipeline() as p:
             try:
-                p.watch(self._keys.claim(resource))
-                holder = text(p.get(self._keys.claim(resource)))
-                if holder is None or owner not in (holder, token_job(holder)):
+                p.watch(key)
+                if p.exists(key):
+                    p.unwatch()
                     return False
                 p.multi()
-                p.delete(self._keys.claim(resource))
+                p.set(key, owner, ex=CLAIM_TTL_S)
+                p.delete(self._keys.failure(resource))
+                self._ledger.write(p, tracked)
                 p.execute()
                 return True
             except redis.WatchError:
                 return False
+
+    def settle(self, resource: str, wake: Wake, owner: str | None = None, reason: str | None = None) -> list[SentTask] | None:
+        """End the production of `resource` (made, or failed for `reason`): release its claim,
+        take its waiters and write their wake-ups (`wake(waiters)`) in the ledger of sent tasks,
+        in one transaction; a `reason` is recorded as its failure for the waiters and the
+        claim's holder. With an `owner` (a claim token, or a job id: any of its tokens), only
+        while it holds the claim, else None and nothing changes. Returns the wake-ups, to send."""
+        k = self._keys
+        with self._redis.pipeline() as p:
+            while True:
+                try:
+                    p.watch(k.claim(resource), k.waiters(resource))
+                    holder = text(p.get(k.claim(resource))) if owner is not None or reason is not None else None
+                    if owner is not None and (holder is None or owner not in (holder, token_job(holder))):
+                        p.unwatch()
+                        return None
+                    waiting = sorted(texts(p.smembers(k.waiters(resource))))
+                    woken = list(wake(waiting))
+                    p.multi()
+                    if reason is not None:
+                        jobs = sorted(set(waiting + ([token_job(holder)] if holder else [])))
+                        p.set(k.failure(resource), ResourceFailure(reason=reason, jobs=jobs).model_dump_json(), ex=FAILURE_TTL_S)
+                    p.delete(k.claim(resource), k.waiters(resource))
+                    p.zrem(k.waiting(), resource)
+                    self._ledger.write(p, woken)
+                    p.execute()
+                    return woken
+                except redis.WatchError:
+                    continue
+
+    def wake_unclaimed(self, before_s: float, now_s: float, limit: int, wake: Wake) -> list[SentTask]:
+        """The safety net of `settle`: take the waiters of up to `limit` resources listed before
+        `before_s` (s, Redis time) that nobody claims (the claim expired, or a producer stopped
+        before it settled), writing their wake-ups (`wake(waiters)`) in the ledger of sent tasks
+        in the same transaction; a resource still claimed is looked at again after `now_s`.
+        Returns the wake-ups, to send."""
+        k = self._keys
+        woken: list[SentTask] = []
+        for resource in texts(self._redis.zrangebyscore(k.waiting(), "-inf", before_s, start=0, num=limit)):
+            with self._redis.pipeline() as p:
+                try:
+                    p.watch(k.claim(resource), k.waiters(resource))
+                    claimed = bool(p.exists(k.claim(resource)))
+                    waiting = [] if claimed else sorted(texts(p.smembers(k.waiters(resource))))
+                    wakes = list(wake(waiting))
+                    p.multi()
+                    if claimed:
+                        p.zadd(k.waiting(), {resource: now_s}, xx=True)
+                    else:
+                        p.delete(k.waiters(resource))
+                        p.zrem(k.waiting(), resource)
+                        self._ledger.write(p, wakes)
+                    p.execute()
+                    woken += wakes
+                except redis.WatchError:  # claimed or waited on meanwhile: looked at next pass
+                    continue
+        return woken
 
     def holder(self, resource: str) -> str | None:
         """Who holds the claim on `resource`, if anyone."""
@@ -113,8 +184,8 @@ class Coordination:
         self._redis.delete(self._keys.failure(resource))
 
     def add_waiter(self, resource: str, job_id: str) -> None:
-        """Advance `job_id` when `resource` is ready or failed."""
-        self._redis.sadd(self._keys.waiters(resource), job_id)
+        """Advance `job_id` when `resource` is ready or failed (one round trip)."""
+        self._add_waiter(keys=[self._keys.waiters(resource), self._keys.waiting()], args=[job_id, resource])
 
     def take_waiters(self, resource: str) -> list[str]:
         """The jobs waiting on `resource`, removed atomically."""

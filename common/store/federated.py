@@ -103,8 +103,7 @@ class FederatedStore:
                     if change.state != before:
                         p.set(k.federated_state(job_id), change.state.model_dump_json())
                     self._follow(p, job_id, before, change, event, held)
-                    for sent in tracked:
-                        self._ledger.write(p, sent)
+                    self._ledger.write(p, tracked)
                     p.execute()
                     return change
                 except redis.WatchError:

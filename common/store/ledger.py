@@ -42,15 +42,18 @@ class TaskLedger:
     def record(self, sent: Sequence[SentTask]) -> None:
         """Write every task of `sent` down (one transaction) before any is sent."""
         with self._redis.pipeline() as p:
-            for task in sent:
-                self.write(p, task)
+            self.write(p, sent)
             p.execute()
 
-    def write(self, p: Pipeline, sent: SentTask) -> None:
-        """Queue the writes that record `sent` on `p` (to record it in another transaction)."""
+    def write(self, p: Pipeline, sent: Sequence[SentTask]) -> None:
+        """Queue the writes that record every task of `sent` on `p` (to record them in another
+        transaction); reads Redis's clock once, when there is any."""
+        if not sent:
+            return
         seconds, _ = self._redis.time()
-        p.set(self._keys.sent(sent.task_id), sent.model_dump_json())
-        p.zadd(self._keys.sent_tasks(), {sent.task_id: seconds})
+        for task in sent:
+            p.set(self._keys.sent(task.task_id), task.model_dump_json())
+        p.zadd(self._keys.sent_tasks(), dict.fromkeys((task.task_id for task in sent), seconds))
 
     def done(self, task_id: str) -> None:
         """Strike a task off: it ran (or was revoked)."""

@@ -50,6 +50,7 @@ class Lease(Strict):
     task: str
     attempt: str = Field("", description="the token of this run of the task: it fences the run's writes")
     node: str = Field(description="the worker node running it")
+    instance: str = Field("", description="the worker instance running it: node:pid of the worker's main process")
     queue: str | None = None
     job_id: str | None = None
     device_id: str | None = None

@@ -25,6 +25,7 @@ from edgetrain.tasks.stopped import on_lost_child, on_revoked
 from edgetrain.tasks.workflow import advance_job
 
 CHOICE = Selection(batch_size=16, frequency_hz=900, estimated_time_s=1.0, peak_power_w=4.0)
+HERE = "device-d1@h:100"  # the worker instance (node:pid of its main process) told of the stopped tasks
 
 
 @pytest.fixture
@@ -40,7 +41,12 @@ def broker(redis_server) -> redis.Redis:
 
 def revoke(task: TaskName, payload, task_id: str = "t1", terminated: bool = False) -> None:
     on_revoked(sender=SimpleNamespace(name=task.value), request=SimpleNamespace(id=task_id, args=[payload]), terminated=terminated,
-               signum=15 if terminated else None)  # fmt: skip
+               signum=15 if terminated else None, instance=HERE)  # fmt: skip
+
+
+def lost_child(task: TaskName, payload, task_id: str) -> None:
+    on_lost_child(sender=SimpleNamespace(name=task.value), task_id=task_id, exception=WorkerLostError("signal 9"), args=(payload,),
+                  instance=HERE)  # fmt: skip
 
 
 def job(s, job_id: str = "j1") -> JobSpec:
@@ -61,8 +67,8 @@ def test_a_fine_tune_revoked_before_it_ran_cancels_its_part(s) -> None:
 def test_a_running_fine_tune_terminated_cancels_its_part_and_keeps_its_checkpoint(s) -> None:
     job(s)
     part = drive_part(s, "j1", "d1", PartState.finetuning, selection=CHOICE, attempt="a1")
-    s.liveness.take(Lease(task_id=part.dispatch.token, task=TaskName.finetune.value, attempt="a1", node="device-d1@h", job_id="j1",
-                          device_id="d1"))  # fmt: skip
+    s.liveness.take(Lease(task_id=part.dispatch.token, task=TaskName.finetune.value, attempt="a1", node="device-d1@h", instance=HERE,
+                          job_id="j1", device_id="d1"))  # fmt: skip
     revoke(TaskName.finetune, part.dispatch.request.model_dump(mode="json"), task_id=part.dispatch.token, terminated=True)
     after = s.jobs.part("j1", "d1")
     assert after.state == PartState.cancelled and "terminated by an operator (SIGTERM" in after.reason
@@ -76,15 +82,15 @@ def test_news_of_a_stopped_fine_tune_that_arrives_after_its_part_was_requeued_ch
     job(s)
     part = drive_part(s, "j1", "d1", PartState.finetuning, selection=CHOICE, attempt="a1")
     old = part.dispatch.token
-    s.liveness.take(Lease(task_id=old, task=TaskName.finetune.value, attempt="a1", node="device-d1@h", job_id="j1", device_id="d1"))
+    s.liveness.take(Lease(task_id=old, task=TaskName.finetune.value, attempt="a1", node="device-d1@h", instance=HERE, job_id="j1",
+                          device_id="d1"))  # fmt: skip
     revoke(TaskName.finetune, part.dispatch.request.model_dump(mode="json"), task_id=old, terminated=True)
     s.jobs.apply("j1", "d1", Requeued())
     identity = Identified(device_type="jetson-nano", simulated=True, control=ControlAxis.GPU_CLOCK_HZ)
     s.jobs.apply("j1", "d1", Dispatched(device=identity, token="new-task", request=part.dispatch.request, selection=CHOICE,
                                         estimated_time_to_accuracy_s=None))  # fmt: skip
     revoke(TaskName.finetune, part.dispatch.request.model_dump(mode="json"), task_id=old)
-    on_lost_child(sender=SimpleNamespace(name=TaskName.finetune.value), task_id=old, exception=WorkerLostError("signal 15"),
-                  args=(part.dispatch.request.model_dump(mode="json"),))  # fmt: skip
+    lost_child(TaskName.finetune, part.dispatch.request.model_dump(mode="json"), old)
     after = s.jobs.part("j1", "d1")
     assert after.state == PartState.queued and after.dispatch.token == "new-task", (after.state, after.reason)
 
@@ -127,8 +133,43 @@ def test_a_job_step_whose_process_died_or_hit_its_hard_time_limit_is_sent_again(
     """Celery acknowledges the message of a task whose pool child died or was killed at its hard
     time limit: the step's parts not planned yet would wait for good."""
     job(s)
-    on_lost_child(sender=SimpleNamespace(name=TaskName.advance_job.value), task_id="t1", exception=exception, args=("j1",))
+    on_lost_child(sender=SimpleNamespace(name=TaskName.advance_job.value), task_id="t1", exception=exception, args=("j1",), instance=HERE)
     on_lost_child(sender=SimpleNamespace(name=TaskName.advance_page.value), task_id="t2", exception=exception,
-                  args=({"job_id": "j1", "page": 1},))  # fmt: skip
+                  args=({"job_id": "j1", "page": 1},), instance=HERE)  # fmt: skip
     assert [(t.name, t.payload) for t in queued_tasks(broker, "control")] == [(TaskName.advance_job.value, "j1"),
                                                                               (TaskName.advance_page.value, {"job_id": "j1", "page": 1})]  # fmt: skip
+
+
+@pytest.mark.parametrize("news", ["lost child", "revoked"])
+def test_a_task_handed_on_to_another_worker_is_left_to_it_when_the_first_worker_hears_it_stopped(s, news) -> None:
+    """This worker froze; its fine-tune was handed on and another worker's run of it holds the
+    lease now. This worker wakes, and its pool child dies (or the copy of the message it took
+    is discarded as revoked): the other worker's run goes on, its lease kept. Before, this
+    worker released that lease and failed (or cancelled) the part with that run's attempt."""
+    job(s)
+    part = drive_part(s, "j1", "d1", PartState.finetuning, selection=CHOICE, attempt="c1")
+    token, payload = part.dispatch.token, part.dispatch.request.model_dump(mode="json")
+    s.liveness.take(Lease(task_id=token, task=TaskName.finetune.value, attempt="c1", node="device-d1@c", instance="device-d1@c:7",
+                          job_id="j1", device_id="d1"))  # fmt: skip
+    if news == "lost child":
+        lost_child(TaskName.finetune, payload, token)
+    else:
+        revoke(TaskName.finetune, payload, task_id=token)
+    after = s.jobs.part("j1", "d1")
+    assert after.state == PartState.finetuning and after.attempt.token == "c1", (after.state, after.reason)
+    assert s.liveness.lease(token).instance == "device-d1@c:7"
+
+
+def test_a_profile_whose_child_died_here_fails_its_table_for_the_jobs_waiting(s, broker) -> None:
+    s.fleet.register(DeviceInfo(device_id="d1", device_type="twin", backend="sim", frequencies_hz=F, memory_bytes=1, simulated=True),
+                     ttl_s=60, instance="test")  # fmt: skip
+    job(s)
+    advance_job("j1")
+    (profile,) = queued_tasks(broker, "device.d1")
+    broker.delete("control")
+    s.liveness.take(Lease(task_id=profile.id, task=TaskName.profile_device.value, attempt="p1", node="device-d1@h", instance=HERE,
+                          payload=profile.payload))  # fmt: skip
+    lost_child(TaskName.profile_device, profile.payload, profile.id)
+    failure = s.coordination.failure(profile_resource(ProfileRequest.model_validate(profile.payload)))
+    assert failure is not None and "its process died" in failure.reason and failure.for_job("j1")
+    assert s.liveness.lease(profile.id) is None and [t.payload for t in queued_tasks(broker, "control")] == ["j1"]

@@ -95,7 +95,7 @@ def consume(queues: list[str], name: str, role: str, concurrency: int, loglevel:
         if reaper:
             reaper.start()
         hold_leases()
-        watch_stopped_tasks()
+        watch_stopped_tasks(heartbeat.instance)
         worker_shutting_down.connect(lambda **_: _shutting_down(store, heartbeat.instance), weak=False,
                                      dispatch_uid="edgetrain-shutting-down")  # fmt: skip
         use_log_format(settings.log_format, device.device_id if device else None)
