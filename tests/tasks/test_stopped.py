@@ -95,13 +95,19 @@ def test_news_of_a_stopped_fine_tune_that_arrives_after_its_part_was_requeued_ch
     assert after.state == PartState.queued and after.dispatch.token == "new-task", (after.state, after.reason)
 
 
-def test_a_revoked_profile_fails_its_table_for_the_jobs_waiting_and_a_revoked_job_step_is_sent_again(s, broker) -> None:
+def queued_profile(s, broker):
+    """Job j1's first step on a registered device d1: the profile it queued (the control queue emptied)."""
     s.fleet.register(DeviceInfo(device_id="d1", device_type="twin", backend="sim", frequencies_hz=F, memory_bytes=1, simulated=True),
                      ttl_s=60, instance="test")  # fmt: skip
     job(s)
     advance_job("j1")
     (profile,) = queued_tasks(broker, "device.d1")
     broker.delete("control")
+    return profile
+
+
+def test_a_revoked_profile_fails_its_table_for_the_jobs_waiting_and_a_revoked_job_step_is_sent_again(s, broker) -> None:
+    profile = queued_profile(s, broker)
     revoke(TaskName.profile_device, profile.payload, task_id=profile.id)
     failure = s.coordination.failure(profile_resource(ProfileRequest.model_validate(profile.payload)))
     assert failure is not None and "was revoked before it ran" in failure.reason and failure.for_job("j1")
@@ -161,12 +167,7 @@ def test_a_task_handed_on_to_another_worker_is_left_to_it_when_the_first_worker_
 
 
 def test_a_profile_whose_child_died_here_fails_its_table_for_the_jobs_waiting(s, broker) -> None:
-    s.fleet.register(DeviceInfo(device_id="d1", device_type="twin", backend="sim", frequencies_hz=F, memory_bytes=1, simulated=True),
-                     ttl_s=60, instance="test")  # fmt: skip
-    job(s)
-    advance_job("j1")
-    (profile,) = queued_tasks(broker, "device.d1")
-    broker.delete("control")
+    profile = queued_profile(s, broker)
     s.liveness.take(Lease(task_id=profile.id, task=TaskName.profile_device.value, attempt="p1", node="device-d1@h", instance=HERE,
                           payload=profile.payload))  # fmt: skip
     lost_child(TaskName.profile_device, profile.payload, profile.id)
