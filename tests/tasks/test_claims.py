@@ -7,7 +7,6 @@ import random
 from collections.abc import Callable
 
 import pytest
-import redis
 from redis.connection import AbstractConnection
 
 from edgetrain.common.jobs.state import PartState
@@ -15,7 +14,6 @@ from edgetrain.common.keys import table_id, table_resource, vector_key, vector_r
 from edgetrain.common.payloads import ProfileRequest
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, EstimationRequest, JobSpec, RelationVector, TrainingOutcome
-from edgetrain.common.settings import Settings
 from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.common.testing.tables import B, F, random_monotone_table
 from edgetrain.tasks import context
@@ -30,17 +28,6 @@ TID = table_id("twin", "smallcnn", SHAPE)
 
 class Died(BaseException):
     """The process stopped here (no `except Exception` of the code under test catches it)."""
-
-
-@pytest.fixture
-def s(redis_server):
-    redis.Redis.from_url(redis_server.url).flushdb()  # the store's keys and the broker's queues
-    return context.init(Settings(redis_url=redis_server.url), ("edgetrain.tasks.workflow",))
-
-
-@pytest.fixture
-def broker(redis_server) -> redis.Redis:
-    return redis.Redis.from_url(redis_server.url)
 
 
 @pytest.fixture

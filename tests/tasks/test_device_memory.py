@@ -20,19 +20,12 @@ from edgetrain.common.keys import Keys
 from edgetrain.common.payloads import FinetuneRequest
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import JobSpec, LearningRatePolicy, RelationVector, Selection, utc_now
-from edgetrain.common.settings import Settings
 from edgetrain.common.store.learned import LIVE_TTL_S
 from edgetrain.common.testing.parts import drive_part
 from edgetrain.tasks import context, device
 from edgetrain.tasks.device import _Memory
 
 CHOICE = Selection(batch_size=16, frequency_hz=900, estimated_time_s=1.0, peak_power_w=4.0)
-
-
-@pytest.fixture
-def s(redis_server):
-    redis.Redis.from_url(redis_server.url).flushdb()
-    return context.init(Settings(redis_url=redis_server.url), ("edgetrain.tasks.workflow",))
 
 
 def request(s, job_id: str = "j1") -> FinetuneRequest:

@@ -4,7 +4,6 @@ a real Redis: what a revoked or terminated task leaves, and the queue messages i
 from types import SimpleNamespace
 
 import pytest
-import redis
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 
 from edgetrain.common.control_axis import ControlAxis
@@ -14,29 +13,16 @@ from edgetrain.common.keys import vector_key, vector_resource
 from edgetrain.common.payloads import JobPage, ProfileRequest, ProxyRunRequest, profile_resource
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, JobSpec, Selection
-from edgetrain.common.settings import Settings
 from edgetrain.common.store import Lease
 from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.common.testing.parts import drive_part
 from edgetrain.common.testing.tables import F
-from edgetrain.tasks import context
 from edgetrain.tasks.contract import TaskName
 from edgetrain.tasks.stopped import on_lost_child, on_revoked
 from edgetrain.tasks.workflow import advance_job
 
 CHOICE = Selection(batch_size=16, frequency_hz=900, estimated_time_s=1.0, peak_power_w=4.0)
 HERE = "device-d1@h:100"  # the worker instance (node:pid of its main process) told of the stopped tasks
-
-
-@pytest.fixture
-def s(redis_server):
-    redis.Redis.from_url(redis_server.url).flushdb()
-    return context.init(Settings(redis_url=redis_server.url), ("edgetrain.tasks.workflow",))
-
-
-@pytest.fixture
-def broker(redis_server) -> redis.Redis:
-    return redis.Redis.from_url(redis_server.url)
 
 
 def revoke(task: TaskName, payload, task_id: str = "t1", terminated: bool = False) -> None:

@@ -5,7 +5,6 @@ import random
 import threading
 
 import pytest
-import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
 from edgetrain.common.control_axis import ControlAxis
@@ -24,7 +23,6 @@ from edgetrain.common.keys import table_id, table_resource, vector_key, vector_r
 from edgetrain.common.payloads import FinetuneRequest, JobPage, ProfileRequest
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import DeviceInfo, EstimationRequest, JobSpec, RelationVector, RunReport
-from edgetrain.common.settings import Settings
 from edgetrain.common.store import Lease, Written
 from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.common.testing.tables import B, F, brute_force, random_monotone_table
@@ -37,17 +35,6 @@ from edgetrain.tasks.workflow import advance_job, advance_page, fail_resource
 SHAPE = [1, 28, 28]
 TID = table_id("twin", "smallcnn", SHAPE)
 IDENTIFIED = Identified(device_type="twin", simulated=True, control=ControlAxis.GPU_CLOCK_HZ)
-
-
-@pytest.fixture
-def s(redis_server):
-    redis.Redis.from_url(redis_server.url).flushdb()  # the store's keys and the broker's queues
-    return context.init(Settings(redis_url=redis_server.url), ("edgetrain.tasks.workflow",))
-
-
-@pytest.fixture
-def broker(redis_server) -> redis.Redis:
-    return redis.Redis.from_url(redis_server.url)
 
 
 def register(s, device_id: str, **changes) -> DeviceInfo:
