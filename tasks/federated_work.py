@@ -174,7 +174,7 @@ def federated_aggregate(request: AggregateRequest) -> float | None:
         raise TaskFailed(reason) from exc
     if state.buffered:
         buffered = [Buffered(u.trained, u.work or 0, u.finished_s, st) for u, st in zip(used, stale)]
-        done = buffer_record(r, accuracy, buffered, state.elapsed_s, held_out)
+        done = buffer_record(r, accuracy, buffered, state.elapsed_s, held_out, state.dropped)
     else:
         done = round_record(r, accuracy, [u.trained for u in used], state.elapsed_s, [a.device_id for a in state.assignments], held_out)
     try:
