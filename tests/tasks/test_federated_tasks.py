@@ -19,8 +19,8 @@ from edgetrain.common.models import get_model
 from edgetrain.common.security import artifact_path
 from edgetrain.common.settings import Settings
 from edgetrain.common.testing.broker import queued_tasks
-from edgetrain.tasks import context
-from edgetrain.tasks.contract import SERVER_QUEUE, TaskName, device_queue
+from edgetrain.tasks import context, federated_work
+from edgetrain.tasks.contract import SERVER_QUEUE, TaskFailed, TaskName, device_queue
 from edgetrain.tasks.federated import federated_advance
 from edgetrain.tasks.federated_work import federated_aggregate, federated_train
 from edgetrain.workers.processes.device_worker import device_info
@@ -221,3 +221,29 @@ def test_a_buffered_work_dropped_at_its_deadline_counts_on_its_device_s_clock_an
     lost_j = b_work.assignment.expected_energy_j
     assert lost_j and done.energy_j == pytest.approx(done.devices[0].energy_j + lost_j)
     assert s.federated.state(job).dropped == []
+
+
+def test_a_work_dropped_while_its_device_loads_its_weights_stops_as_late_not_as_a_failure(s, table, monkeypatch) -> None:
+    """A work passes its device's check, then passes its deadline while the device loads what it
+    trains (a worker's first task loads for seconds), and the weights it started from are pruned
+    with it: its training stops as late, with no failure in the job's events. A work still in
+    flight whose weights cannot be loaded fails, saying why."""
+    job = "fedtaskgone1"
+    spec = SPEC.model_copy(update={"aggregation": Aggregation(mode="buffered", buffer_size=1), "max_rounds": 5})
+    s.federated.create(FederatedRecord(job_id=job, spec=spec))
+    s.resources.put_table(table)
+    federated_advance(job)
+    requests = {r.device_id: r for r in train_requests(s).values() if r.job_id == job}
+
+    def pruned(record: FederatedRecord, weights: str) -> None:
+        if record.job_id == job and requests["a"].work in [w.work for w in s.federated.state(job).in_flight]:
+            s.federated.apply(job, WorkExpired(works=[requests["a"].work]))  # the planner's step at the work's deadline, meanwhile
+        raise FileNotFoundError(f"{weights} is not in the artifact store")
+
+    monkeypatch.setattr(federated_work, "_global", pruned)
+    bind("a")
+    assert federated_train(requests["a"]) == Accepted.late.value
+    assert not [e.message for e in s.federated.events(job) if "local training failed" in e.message]
+    bind("b")
+    with pytest.raises(TaskFailed, match="work 2: local training failed"):
+        federated_train(requests["b"])
