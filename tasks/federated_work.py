@@ -83,6 +83,9 @@ def federated_train(self: Task, request: TrainRequest) -> str:
     try:
         update = _train(record, request, device, *found)
     except Exception as exc:  # its data, the model or the device: say why in the job's events; the job goes on without it
+        if (after := s.federated.state(job_id)) is None or _late(after, request):  # closed meanwhile: its starting weights may be gone
+            logger.info("federated %s %s on %s: no longer in flight, its training stopped: %s", job_id, what, request.device_id, exc)
+            return Accepted.late.value
         reason = f"{what}: local training failed: {describe(exc)}"
         s.federated.note(job_id, EventKind.federated_update, reason, request.device_id)
         raise TaskFailed(reason) from exc
@@ -105,11 +108,9 @@ def _work(state: FederatedState, request: TrainRequest) -> tuple[Assignment, str
     if request.work is not None:
         what = f"work {request.work}"
         a, weights = (work.assignment, work.weights) if work is not None else (None, None)
-        late = work is None and work_key(device_id, request.work) not in {**state.received, **state.aggregating}
     else:
         what, a, weights = f"round {request.round}", state.assigned(device_id), state.global_weights
-        late = state.round != request.round or state.phase != Phase.training
-    if late:
+    if _late(state, request):
         logger.info("federated %s %s on %s: no longer in flight", job_id, what, device_id)
         return Accepted.late
     duplicate = work is None if request.work is not None else device_id in state.received
@@ -125,6 +126,15 @@ def _work(state: FederatedState, request: TrainRequest) -> tuple[Assignment, str
         s.federated.note(job_id, EventKind.federated_update, again, device_id)
         return Accepted.duplicate
     return a, weights, work
+
+
+def _late(state: FederatedState, request: TrainRequest) -> bool:
+    """Whether the request's round is closed (buffered: its work neither in flight nor handed in:
+    aggregated or dropped), so that nothing it trains would be taken."""
+    if request.work is not None:
+        in_flight = state.work(request.work) if state.phase == Phase.training else None
+        return in_flight is None and work_key(request.device_id, request.work) not in {**state.received, **state.aggregating}
+    return state.round != request.round or state.phase != Phase.training
 
 
 def _train(record: FederatedRecord, request: TrainRequest, device: Device, a: Assignment, start_weights: str,
@@ -171,7 +181,7 @@ def federated_aggregate(request: AggregateRequest) -> float | None:
         raise TaskFailed(reason) from exc
     if state.buffered:
         buffered = [Buffered(u.trained, u.work or 0, u.finished_s, st) for u, st in zip(used, stale)]
-        done = buffer_record(r, accuracy, buffered, state.elapsed_s, held_out)
+        done = buffer_record(r, accuracy, buffered, state.elapsed_s, held_out, state.dropped)
     else:
         done = round_record(r, accuracy, [u.trained for u in used], state.elapsed_s, [a.device_id for a in state.assignments], held_out)
     try:

@@ -19,7 +19,8 @@ ledger of sent tasks, a round appended); nothing else writes a federated job's s
         --WorkStarted-->      training       idle devices' next work, each from the newest global model
     training
         --UpdateAccepted-->   training       a work in flight hands in its update, as assigned, once: into the buffer
-        --WorkExpired-->      training       works past their deadline are dropped (their devices start again)
+        --WorkExpired-->      training       works past their deadline are dropped (their devices start again, their
+                                             clocks on by the time the tables expect of the works)
         --BufferClosed-->     training       the buffer goes to the server; a new one fills meanwhile
         --RoundAggregated-->  training       the new global model and its accuracy (round + 1)
     any phase but a final one
@@ -288,10 +289,19 @@ def _work_expired(state: FederatedState, event: WorkExpired, now: datetime) -> C
     if len(gone) != len(set(event.works)):
         raise Refused(f"works {sorted(set(event.works) - {w.work for w in gone})} are not in flight")
     left = [w for w in state.in_flight if w.work not in event.works]
-    changes = {"in_flight": left, "deadline_at": min((w.deadline_at for w in left), default=None), "empty_rounds": state.empty_rounds + 1}
+    clocks = {**state.device_clock_s, **{w.device_id: _clock_after_drop(w) for w in gone}}
+    changes = {"in_flight": left, "deadline_at": min((w.deadline_at for w in left), default=None), "empty_rounds": state.empty_rounds + 1,
+               "device_clock_s": clocks, "dropped": [*state.dropped, *gone]}  # fmt: skip
     each = ", ".join(f"{w.work} ({w.device_id})" for w in gone)
-    return _change(state, now, changes, EventKind.federated_round, f"no update by the deadline of works {each}: dropped",
-                   {"round": state.round, "devices": len(gone)})  # fmt: skip
+    message = f"no update by the deadline of works {each}: dropped, counted at the device time and energy their tables expect"
+    return _change(state, now, changes, EventKind.federated_round, message, {"round": state.round, "devices": len(gone)})
+
+
+def _clock_after_drop(work: Work) -> float:
+    """A dropped work's device's clock after it (device s since the job started): what its device
+    spent on it is not known (killed mid-work, frozen, or its update late), so it counts the
+    device time its table expects of the work."""
+    return work.started_s + work.assignment.expected_time_s
 
 
 def _buffer_closed(state: FederatedState, event: BufferClosed, now: datetime) -> Change:
@@ -313,7 +323,7 @@ def _buffer_aggregated(state: FederatedState, event: RoundAggregated, now: datet
     if being_aggregated(state) != done.round:
         raise Refused(f"aggregation {done.round} is not being aggregated (aggregation {state.round} done)")
     changes = {"round": done.round, "global_weights": event.weights, "accuracy": done.accuracy, "elapsed_s": done.elapsed_s,
-               "aggregating": {}}  # fmt: skip
+               "aggregating": {}, "dropped": [w for w in state.dropped if w.work not in done.dropped]}  # fmt: skip
     message = f"aggregation {done.round} of {len(done.devices)} updates: global accuracy {done.accuracy:.4f}"
     return _change(state, now, changes, EventKind.federated_round, message,
                    {"round": done.round, "updates": len(done.devices), "accuracy": done.accuracy})  # fmt: skip

@@ -69,8 +69,9 @@ class RoundRecord(Strict):
     """One round: the global accuracy after it, its device time (s: its slowest participant,
     devices train side by side), the device time since the job started (s), the energy of
     every participant's local steps (J), what each did, the devices assigned whose update
-    did not arrive before the round closed (`missing`), and the global model's accuracy on
-    every device's held-out data (`device_accuracy`, fraction; common/federated/fairness.py)."""
+    did not arrive before the round closed (`missing`; buffered: the devices of the works
+    dropped since the aggregation before), and the global model's accuracy on every device's
+    held-out data (`device_accuracy`, fraction; common/federated/fairness.py)."""
 
     round: int
     accuracy: float
@@ -82,6 +83,7 @@ class RoundRecord(Strict):
     device_accuracy: dict[str, float] = Field(default_factory=dict, description="device id -> accuracy on its held-out data")
     staleness: list[int] = Field(default_factory=list, description="buffered: each update's staleness, as `devices`")
     works: list[int] = Field(default_factory=list, description="buffered: each update's work, as `devices`")
+    dropped: list[int] = Field(default_factory=list, description="buffered: works dropped since the aggregation before (in `energy_j`)")
 
     def fairness(self) -> Fairness | None:
         """Mean, worst and spread of `device_accuracy` (None without it)."""
@@ -182,7 +184,8 @@ class FederatedState(Strict):
     in_flight: list[Work] = Field(default_factory=list, description="buffered: each device's work in flight")
     works_sent: int = Field(0, description="buffered: the works started so far (the last work's number)")
     aggregating: dict[str, str] = Field(default_factory=dict, description="buffered: the buffer being aggregated (key -> digest)")
-    device_clock_s: dict[str, float] = Field(default_factory=dict, description="buffered: each device's clock (device s of its work)")
+    device_clock_s: dict[str, float] = Field(default_factory=dict, description="buffered: each device's clock (device s of its works)")
+    dropped: list[Work] = Field(default_factory=list, description="buffered: the works dropped since the last aggregation recorded")
 
     def assigned(self, device_id: str) -> Assignment | None:
         """The open round's assignment of `device_id`, if it has one."""

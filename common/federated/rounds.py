@@ -17,7 +17,7 @@ from ..devices.base import Device
 from ..schemas import LearningRatePolicy
 from ..training import Trainer, make_optimizer
 from .plan import Assignment
-from .records import DeviceRound, RoundRecord
+from .records import DeviceRound, RoundRecord, Work
 from .spec import FederatedSpec
 
 State = dict[str, torch.Tensor]
@@ -212,12 +212,17 @@ class Buffered:
 
 
 def buffer_record(number: int, accuracy: float, updates: Sequence[Buffered], elapsed_before_s: float,
-                  device_accuracy: dict[str, float] | None = None) -> RoundRecord:  # fmt: skip
+                  device_accuracy: dict[str, float] | None = None, dropped: Sequence[Work] = ()) -> RoundRecord:  # fmt: skip
     """The record of buffered aggregation `number`: it happens when the last of its updates is
-    in, so the job's device time is the latest finish so far."""
+    in, so the job's device time is the latest finish so far; its energy is its updates' and
+    that of the works `dropped` since the aggregation before (past their deadline), each at the
+    energy its table expects (J; none where the table holds no energy), since what its device
+    spent on it is not known."""
     elapsed = max([elapsed_before_s, *(u.finished_s for u in updates)])
+    lost_j = sum(w.assignment.expected_energy_j or 0.0 for w in dropped)
     return RoundRecord(
         round=number, accuracy=accuracy, device_time_s=elapsed - elapsed_before_s, elapsed_s=elapsed,
-        energy_j=sum(u.trained.energy_j for u in updates), devices=[u.trained for u in updates],
+        energy_j=sum(u.trained.energy_j for u in updates) + lost_j, devices=[u.trained for u in updates],
         staleness=[u.staleness for u in updates], works=[u.work for u in updates], device_accuracy=device_accuracy or {},
+        dropped=[w.work for w in dropped], missing=sorted({w.device_id for w in dropped}),
     )  # fmt: skip

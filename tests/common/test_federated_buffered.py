@@ -109,6 +109,27 @@ def test_an_update_joins_the_buffer_once_and_only_from_its_work_in_flight() -> N
     assert refused.value.outcome == Accepted.duplicate
 
 
+def test_a_dropped_work_moves_its_device_s_clock_on_and_counts_in_the_next_aggregation_s_energy() -> None:
+    """What a killed or frozen device spent on a work it never handed in is not known: its clock
+    goes on by the device time its table expects of the work (0.1 s here), its next work starts
+    there, and the next aggregation counts the work's expected energy (0.8 J) and names it."""
+    costly = assignment("b").model_copy(update={"expected_energy_j": 0.8})
+    dropped = work(2, "b", started_s=0.5).model_copy(update={"assignment": costly})
+    expired = transition(RUNNING.model_copy(update={"in_flight": [work(1, "a"), dropped]}), WorkExpired(works=[2]), NOW).state
+    assert expired.device_clock_s == {"b": pytest.approx(0.6)} and expired.dropped == [dropped]
+    again = plan_round(view(expired)).event
+    assert isinstance(again, WorkStarted) and {w.device_id: w.started_s for w in again.works} == {"b": pytest.approx(0.6), "c": 0.0}
+    closed = transition(
+        transition(expired, UpdateAccepted(update=update(work(1, "a"))), NOW).state, BufferClosed(round=1, size=1), NOW
+    ).state
+    record = buffer_record(1, 0.6, [Buffered(update(work(1, "a")).trained, 1, 0.2, 0)], 0.0, dropped=closed.dropped)
+    assert (record.works, record.dropped, record.missing, record.energy_j) == ([1], [2], ["b"], pytest.approx(1.5 + 0.8))
+    assert (record.elapsed_s, record.device_time_s) == (0.2, 0.2)  # the aggregation still happens at its last update's finish
+    meanwhile = transition(transition(closed, WorkStarted(works=[work(3, "c")]), NOW).state, WorkExpired(works=[3]), NOW).state
+    done = transition(meanwhile, RoundAggregated(record=record, weights=WEIGHTS), NOW).state
+    assert [w.work for w in done.dropped] == [3]  # dropped while the buffer was aggregated: the next aggregation's
+
+
 def test_a_closed_buffer_is_aggregated_while_the_next_one_fills() -> None:
     state = transition(RUNNING, UpdateAccepted(update=update(work(1, "a"))), NOW).state
     closed = transition(state, BufferClosed(round=1, size=1), NOW)

@@ -12,6 +12,7 @@ import pytest
 
 from edgetrain.common.datasets import DatasetMissingError, locate
 from edgetrain.common.federated.records import FederatedStatus, TrainRequest
+from edgetrain.common.schemas import utc_now
 from edgetrain.common.security import artifact_path
 from edgetrain.common.settings import Settings
 from edgetrain.tasks.app import producer_app
@@ -310,3 +311,45 @@ def test_a_buffered_job_goes_on_past_a_frozen_device_and_a_restarted_control_wor
     status = client.wait_federated(job_id, timeout_s=400)
     assert status.state.phase == "completed", (status.state.reason, [e.line() for e in status.events])
     aggregations_are_whole(status)
+
+
+def test_a_buffered_job_goes_on_past_a_killed_device_and_aggregates_its_work_again_once_it_is_restarted(cluster) -> None:
+    """The Nano's worker killed (SIGKILL) with a work in flight: the work expires at its deadline,
+    moving the Nano's clock on by the device time its table expects and counted in the next
+    aggregation, while the others' updates fill the buffers; the Nano's worker restarted, its
+    works are aggregated again and the job reaches its target, no work aggregated twice or both
+    dropped and aggregated; a work of the Nano dropped while its restarted worker loads (its
+    first task loads for seconds) is late, not a failure. A worker takes seconds to start, in
+    which the other two alone would take the job to its target: the control worker is down
+    while the Nano's starts (the job waits), and two local steps a work (about 90 aggregations
+    to the target) keep the target far off until the Nano's updates come in again."""
+    client, store = EdgeTrainClient(cluster.url), cluster.store()
+    job_id = client.submit(buffered_spec(target=0.95, deadline_s=4.0, max_rounds=300, local={"local_steps": 2}))
+
+    def nano_work():
+        state = store.federated.state(job_id)
+        return state and next((w for w in state.in_flight if w.device_id == "nano-f"), None)
+
+    poll_until(lambda: (s := store.federated.state(job_id)) and s.works_sent >= 3 or None, 120, 0.05, "the first works")
+    cluster.kill("device-nano-f")
+    lost = poll_until(nano_work, 30, 0.05, "a work of the killed Nano")  # in flight at the kill, or started while it is heard from
+    gone = poll_until(lambda: (s := store.federated.state(job_id)) and not s.work(lost.work) and s or None, 60, 0.1, "its deadline")
+    assert gone.device_clock_s["nano-f"] >= lost.started_s + lost.assignment.expected_time_s  # the dropped work's time counts
+    done = len(store.federated.rounds(job_id))
+    poll_until(lambda: len(store.federated.rounds(job_id)) >= done + 2 or None, 120, 0.2, "aggregations without the Nano")
+    cluster.kill("control")  # the job waits while the Nano's worker starts again
+    restarted_at = utc_now()
+    cluster.restart("device-nano-f", wait=False)
+    poll_until(lambda: (d := store.fleet.devices_by_id(["nano-f"]).get("nano-f")) and d.registered_at > restarted_at or None, 120, 0.2,
+               "the Nano's worker registered again")  # fmt: skip
+    cluster.restart("control")
+    status = client.wait_federated(job_id, timeout_s=400)
+    events = [e.line() for e in status.events]
+    assert status.state.phase == "completed", (status.state.reason, events)
+    aggregations_are_whole(status)
+    dropped = [w for r in status.rounds for w in r.dropped]
+    assert lost.work in dropped and len(dropped) == len(set(dropped)) and not set(dropped) & {w for r in status.rounds for w in r.works}
+    assert all(r.energy_j > sum(d.energy_j for d in r.devices) for r in status.rounds if r.dropped), "each dropped work's energy counts"
+    back = [w for r in status.rounds for d, w in zip(r.devices, r.works) if d.assignment.device_id == "nano-f" and w > lost.work]
+    assert back, f"the restarted Nano's works were aggregated: {events}"
+    assert not [e.message for e in store.federated.events(job_id) if "local training failed" in e.message]

@@ -9,7 +9,7 @@ import torch
 
 from edgetrain.common.artifacts import get_state, initial_model
 from edgetrain.common.devices.simulated import SimulatedDevice, load_twin
-from edgetrain.common.federated.events import Accepted, RoundClosed
+from edgetrain.common.federated.events import Accepted, RoundClosed, WorkExpired
 from edgetrain.common.federated.records import AggregateRequest, FederatedRecord, Phase, TrainRequest
 from edgetrain.common.federated.rounds import Update, aggregate, local_work
 from edgetrain.common.federated.simulate import twin_table
@@ -19,8 +19,8 @@ from edgetrain.common.models import get_model
 from edgetrain.common.security import artifact_path
 from edgetrain.common.settings import Settings
 from edgetrain.common.testing.broker import queued_tasks
-from edgetrain.tasks import context
-from edgetrain.tasks.contract import SERVER_QUEUE, TaskName, device_queue
+from edgetrain.tasks import context, federated_work
+from edgetrain.tasks.contract import SERVER_QUEUE, TaskFailed, TaskName, device_queue
 from edgetrain.tasks.federated import federated_advance
 from edgetrain.tasks.federated_work import federated_aggregate, federated_cleanup, federated_train
 from edgetrain.workers.processes.device_worker import device_info
@@ -304,3 +304,58 @@ def test_a_buffered_job_aggregates_every_k_updates_while_its_devices_train_on(s,
     assert two.elapsed_s >= one.elapsed_s and s.federated.state(job).round == 2
     third = requests()[3]  # a's second work started from aggregation 0's model, pinned while in flight
     assert third.round == 1 and federated_train(third) == Accepted.accepted.value
+
+
+def test_a_buffered_work_dropped_at_its_deadline_counts_on_its_device_s_clock_and_in_the_next_aggregation(s, table) -> None:
+    """b's work expires (the planner's step at its deadline, applied as the control worker applies
+    it): b's next work starts on its clock moved on by the time its table expects of the dropped
+    work, and the aggregation of a's update counts the dropped work's expected energy."""
+    job = "fedtaskdrop1"
+    spec = SPEC.model_copy(update={"aggregation": Aggregation(mode="buffered", buffer_size=1), "max_rounds": 5})
+    s.federated.create(FederatedRecord(job_id=job, spec=spec))
+    s.resources.put_table(table)
+    assert federated_advance(job) == Phase.training.value
+    a_work, b_work = s.federated.state(job).in_flight
+    s.federated.apply(job, WorkExpired(works=[b_work.work]))
+    assert s.federated.state(job).device_clock_s == {"b": b_work.assignment.expected_time_s}
+    bind("a")
+    request = next(TrainRequest.model_validate(t.args[0]) for t in queued_tasks(s.broker, device_queue("a")) if t.args[0]["job_id"] == job)
+    assert federated_train(request) == Accepted.accepted.value
+    bind("b")
+    stale = next(TrainRequest.model_validate(t.args[0]) for t in queued_tasks(s.broker, device_queue("b")) if t.args[0]["job_id"] == job)
+    assert federated_train(stale) == Accepted.late.value  # its work was dropped: it trains nothing
+    federated_advance(job)  # closes the buffer, and starts a's and b's next works
+    b_next = next(w for w in s.federated.state(job).in_flight if w.device_id == "b")
+    assert b_next.started_s == pytest.approx(b_work.assignment.expected_time_s)
+    assert federated_aggregate(AggregateRequest(job_id=job, round=1)) is not None
+    (done,) = s.federated.rounds(job)
+    assert (done.works, done.dropped, done.missing) == ([a_work.work], [b_work.work], ["b"])
+    lost_j = b_work.assignment.expected_energy_j
+    assert lost_j and done.energy_j == pytest.approx(done.devices[0].energy_j + lost_j)
+    assert s.federated.state(job).dropped == []
+
+
+def test_a_work_dropped_while_its_device_loads_its_weights_stops_as_late_not_as_a_failure(s, table, monkeypatch) -> None:
+    """A work passes its device's check, then passes its deadline while the device loads what it
+    trains (a worker's first task loads for seconds), and the weights it started from are pruned
+    with it: its training stops as late, with no failure in the job's events. A work still in
+    flight whose weights cannot be loaded fails, saying why."""
+    job = "fedtaskgone1"
+    spec = SPEC.model_copy(update={"aggregation": Aggregation(mode="buffered", buffer_size=1), "max_rounds": 5})
+    s.federated.create(FederatedRecord(job_id=job, spec=spec))
+    s.resources.put_table(table)
+    federated_advance(job)
+    requests = {r.device_id: r for r in train_requests(s).values() if r.job_id == job}
+
+    def pruned(record: FederatedRecord, weights: str) -> None:
+        if record.job_id == job and requests["a"].work in [w.work for w in s.federated.state(job).in_flight]:
+            s.federated.apply(job, WorkExpired(works=[requests["a"].work]))  # the planner's step at the work's deadline, meanwhile
+        raise FileNotFoundError(f"{weights} is not in the artifact store")
+
+    monkeypatch.setattr(federated_work, "_global", pruned)
+    bind("a")
+    assert federated_train(requests["a"]) == Accepted.late.value
+    assert not [e.message for e in s.federated.events(job) if "local training failed" in e.message]
+    bind("b")
+    with pytest.raises(TaskFailed, match="work 2: local training failed"):
+        federated_train(requests["b"])

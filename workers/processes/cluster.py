@@ -189,11 +189,13 @@ class LocalCluster:
         worker.start(self._worker_env() | (env or {}))
         return worker
 
-    def restart(self, *names: str, timeout_s: float = 120.0) -> None:
-        """Start the workers `names` again (after a kill) and wait until the cluster is ready."""
+    def restart(self, *names: str, timeout_s: float = 120.0, wait: bool = True) -> None:
+        """Start the workers `names` again (after a kill) and wait until the cluster is ready
+        (`wait` False: return at once, as while another worker is still down)."""
         for name in names:
             self.worker(name).start(self._worker_env())
-        self.wait_ready(timeout_s)
+        if wait:
+            self.wait_ready(timeout_s)
 
     def wait_ready(self, timeout_s: float) -> None:
         """Wait until every device is in the fleet and every worker answers a ping."""
