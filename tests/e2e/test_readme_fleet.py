@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,14 +167,23 @@ def test_a_board_whose_worker_starts_after_the_submission_is_waited_for(fleet: F
         assert note.startswith("note: not registered in the fleet (yet): nano-8; its part waits up to the job's device_grace_s "
                                "(120 s)"), note  # fmt: skip
         waiting = "'nano-8' is not registered in the fleet (yet)"
-        poll_until(lambda: waiting in fleet.shell(f"edgetrain status {job_id}").stdout or None, 60, 0.5, "the part waiting")
+        shown: list[str] = []  # what --wait prints, line by line
+
+        def read_lines() -> None:
+            for line in iter(submit.stderr.readline, ""):
+                shown.append(line)
+
+        reader = threading.Thread(target=read_lines, daemon=True)
+        reader.start()
+        poll_until(lambda: any(waiting in line for line in shown) or None, 60, 0.2, "--wait showing the part waiting for the board")
         fleet.start("edgetrain worker device --device-id nano-8 --backend sim:jetson-nano", "worker-nano-8")
-        out, err = submit.communicate(timeout=JOB_TIMEOUT_S)
+        submit.wait(timeout=JOB_TIMEOUT_S)
+        reader.join(timeout=10)
+        out, err = submit.stdout.read(), "".join(shown)
     finally:
         if submit.poll() is None:
             submit.kill()
     assert submit.returncode == ExitCode.ok, (out[-2000:], err[-3000:])
-    assert waiting in err  # what --wait showed while it waited
 
 
 def test_a_board_that_never_registers_fails_when_its_grace_ends_and_wait_exits_2(fleet: Fleet) -> None:
