@@ -24,7 +24,7 @@ from .app import app
 from .context import attempts_exceeded, settings, store
 from .contract import TaskFailed, TaskName, claiming_job, send_tracked
 from .reporting import proxy_run_reporter
-from .workflow import fail_resource, notify_waiters
+from .workflow import fail_vector, notify_waiters
 
 logger = get_task_logger(__name__)
 
@@ -48,7 +48,7 @@ def estimate_relation_vector(request: EstimationRequest) -> EstimateResult:
         done = {(o.batch_size, o.seed) for o in s.resources.vector_parts(key)}
     except Exception as exc:
         reason = f"relation vector estimation failed: {exc}"
-        fail_resource(resource, reason)
+        fail_vector(key, reason)
         raise TaskFailed(reason) from exc
     runs = [(b, seed) for b, seed in grid(request) if (b, seed) not in done]
     job_id = claiming_job(s.coordination.holder(resource))
@@ -77,6 +77,16 @@ def run_refusal(run: ProxyRunRequest) -> str | None:
     return None
 
 
+def estimation_ended(request: EstimationRequest) -> bool:
+    """Whether the estimation of `request`'s vector ended, stored or failed, with no estimation
+    of it going on since: its runs still queued or handed on need not run."""
+    key = vector_key(request)
+    s = store()
+    if s.resources.vector_request(key) is not None:
+        return False
+    return s.resources.vector(key) is not None or s.coordination.failure(vector_resource(key)) is not None
+
+
 def aggregate_when_complete(request: EstimationRequest) -> None:
     """Store the vector once every run of `request` is recorded, release its claim and wake
     the jobs waiting on it; nothing yet while a run is missing. Storing it twice (two last runs
@@ -92,33 +102,38 @@ def aggregate_when_complete(request: EstimationRequest) -> None:
         s.resources.put_vector(aggregate(request, [parts[run] for run in grid(request)]))
     except Exception as exc:
         reason = f"relation vector {key}: aggregating the proxy runs failed: {type(exc).__name__}: {exc}"
-        fail_resource(resource, reason)
+        fail_vector(key, reason)
         s.resources.drop_vector_parts(key)
         raise TaskFailed(reason) from exc
     s.resources.forget_vector_request(key)
     notify_waiters(resource)
 
 
-@app.task(name=TaskName.train_proxy.value, bind=True, pydantic=True)
-def train_proxy(self: Task, run: ProxyRunRequest) -> TrainingOutcome:
+# a run whose pool child died is not sent again: it fails the vector (stopped.py)
+@app.task(name=TaskName.train_proxy.value, bind=True, pydantic=True, reject_on_worker_lost=False)
+def train_proxy(self: Task, run: ProxyRunRequest) -> TrainingOutcome | None:
     """Train on the proxy dataset with one batch size and seed until the target accuracy. A
-    run the server pool did not send (`run_refusal`) is refused and changes nothing."""
+    run whose estimation ended (the vector is stored, or failed) is skipped (None); a run the
+    server pool did not send (`run_refusal`) is refused and changes nothing."""
+    if estimation_ended(run.request):
+        logger.info("train_proxy b=%s seed=%s skipped: relation vector %s is no longer being estimated",
+                    run.batch_size, run.seed, vector_key(run.request))  # fmt: skip
+        return None
     if refusal := run_refusal(run):
         logger.warning("train_proxy: %s", refusal)
         raise TaskFailed(refusal)
     request, b, seed = run.request, run.batch_size, run.seed
     key = vector_key(request)
-    resource = vector_resource(key)
     s = store()
     if attempts_exceeded(self.request.id):
         reason = f"proxy training b={b} seed={seed} was interrupted too many times (worker lost)"
-        fail_resource(resource, reason)
+        fail_vector(key, reason)
         raise TaskFailed(reason)
     try:
         outcome = run_proxy(request, b, seed, proxy_run_reporter(self, key)).model_copy(update={"worker": self.request.hostname})
     except Exception as exc:
         reason = f"relation vector estimation failed (b={b}, seed={seed}): {exc}"
-        fail_resource(resource, reason)
+        fail_vector(key, reason)
         raise TaskFailed(reason) from exc
     if s.resources.put_vector_part(key, outcome) >= len(grid(request)):
         aggregate_when_complete(request)

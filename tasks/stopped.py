@@ -7,8 +7,8 @@ a state that says what happened, at once:
   before it ran -> the part is cancelled (its checkpoint is kept: `edgetrain requeue`
   continues from it); the device's settings are restored;
 - `profile_device`: the table fails for the jobs waiting on it (they may be re-queued);
-- `train_proxy`, `estimate_relation_vector`: revoked -> the relation vector fails with the
-  reason for the jobs waiting on it;
+- `train_proxy`: died or revoked, `estimate_relation_vector`: revoked -> the relation vector
+  fails with the reason for the jobs waiting on it, and its other runs are skipped;
 - `advance_job`, `advance_page`: they only advance a job, so a revoked one is sent again.
 """
 
@@ -24,7 +24,7 @@ from celery import Task
 from celery.signals import task_failure, task_revoked
 
 from edgetrain.common.jobs.events import AttemptCancelled, Cancelled, Failed, PartEvent, Refused
-from edgetrain.common.keys import vector_key, vector_resource
+from edgetrain.common.keys import vector_key
 from edgetrain.common.payloads import FinetuneRequest, JobPage, ProfileRequest, ProxyRunRequest, profile_resource
 from edgetrain.common.schemas import EstimationRequest
 from edgetrain.common.store import JobNotFoundError, Lease
@@ -32,7 +32,7 @@ from edgetrain.common.store import JobNotFoundError, Lease
 from .app import app
 from .context import bound_device, bound_device_id, store
 from .contract import TaskName, send
-from .workflow import advance_device, fail_resource
+from .workflow import advance_device, fail_resource, fail_vector
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +71,9 @@ def _stopped(name: str, task_id: str, payload: Any, lease: Lease | None, what: s
         fail_resource(resource, f"profiling on {profile.device_id} {what}", owner=profile.owner)
     elif name == TaskName.train_proxy.value:
         run = ProxyRunRequest.model_validate(payload)
-        fail_resource(vector_resource(vector_key(run.request)), f"proxy training b={run.batch_size} seed={run.seed} {what}")
+        fail_vector(vector_key(run.request), f"proxy training b={run.batch_size} seed={run.seed} {what}")
     elif name == TaskName.estimate_relation_vector.value:
-        fail_resource(vector_resource(vector_key(EstimationRequest.model_validate(payload))), f"relation vector estimation {what}")
+        fail_vector(vector_key(EstimationRequest.model_validate(payload)), f"relation vector estimation {what}")
     elif name == TaskName.advance_job.value:
         send(app, TaskName.advance_job, payload)
     elif name == TaskName.advance_page.value:
@@ -91,6 +91,13 @@ def _own_lease(task_id: str, instance: str, what: str) -> tuple[bool, Lease | No
     return True, lease
 
 
+# tasks whose pool child's death ends what they served here (a job's step is sent again); a model
+# that kills its process would kill every retry of them
+DIED_HERE_ENDS = {
+    t.value for t in (TaskName.finetune, TaskName.profile_device, TaskName.train_proxy, TaskName.advance_job, TaskName.advance_page)
+}
+
+
 def on_lost_child(sender: Task | None = None, task_id: str = "", exception: BaseException | None = None,
                   args: tuple[Any, ...] = (), instance: str = "", **_: Any) -> None:  # fmt: skip
     """task_failure in the main process of worker `instance` (node:pid): the pool child running
@@ -98,8 +105,8 @@ def on_lost_child(sender: Task | None = None, task_id: str = "", exception: Base
     with what happened, unless another worker runs the task now."""
     if sender is None or not isinstance(exception, (WorkerLostError, TimeLimitExceeded)) or not args:
         return
-    if sender.name not in (TaskName.finetune.value, TaskName.profile_device.value, TaskName.advance_job.value, TaskName.advance_page.value):
-        return  # a job's step is sent again; the other tasks' runs are handed on by the reaper
+    if sender.name not in DIED_HERE_ENDS:
+        return  # the other tasks' runs are handed on by the reaper
     what = f"exceeded its time limit ({exception})" if isinstance(exception, TimeLimitExceeded) else f"its process died: {exception}"
     _restore_device()
     ours, lease = _own_lease(task_id, instance, what)

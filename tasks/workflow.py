@@ -66,6 +66,13 @@ def fail_resource(resource: str, reason: str, owner: str | None = None) -> None:
         logger.warning("%s failed: %s", resource, reason)
 
 
+def fail_vector(key: str, reason: str) -> None:
+    """Estimating relation vector `key` failed: forget its request, so that its runs still
+    queued or handed on are skipped (`train_proxy`), then `fail_resource` with `reason`."""
+    store().resources.forget_vector_request(key)
+    fail_resource(vector_resource(key), reason)
+
+
 def _settle(resource: str, owner: str | None = None, reason: str | None = None) -> bool:
     """`Coordination.settle` `resource` and send the wake-ups; False when `owner` does not hold it."""
     woken = store().coordination.settle(resource, wake_ups, owner, reason)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from edgetrain.common.jobs.state import EventKind, PartState
-from edgetrain.common.keys import table_id, table_resource
+from edgetrain.common.keys import table_id, table_resource, vector_resource
 from edgetrain.common.presets import quick_job
 from edgetrain.common.settings import Settings
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
@@ -187,6 +187,10 @@ def test_a_model_that_kills_its_process_fails_the_part_and_the_worker_lives_on(t
             sys.path.remove(str(models))
         part = status.parts["nano-x"]
         assert part.state == PartState.failed and "its process died" in part.reason and "SIGKILL" in part.reason, part.reason
+        vector = next(e.fields["vector"] for e in status.events if e.kind == EventKind.estimating)
+        assert poll_until(
+            lambda: cluster.store().coordination.failure(vector_resource(vector)), 60, 0.2, "the vector failed"
+        ).reason.startswith("proxy training b=4 seed=0 its process died")  # at its first run's death, not after every run and retry
         assert cluster.worker("device-nano-x").alive()
         again = client.wait(client.submit(quick_job([{"device_id": "nano-x", "power_cap_w": 3.0}])), timeout_s=300)
         assert again.state.value == "completed", [e.line() for e in again.events]

@@ -2,19 +2,24 @@
 all in but which is not stored (it no longer loaded and was set aside) is aggregated again; an
 estimation cut short while it sends its runs leaves every run to the reaper."""
 
+from types import SimpleNamespace
+
 import pytest
 import redis
+from billiard.exceptions import WorkerLostError
 from kombu.exceptions import OperationalError
 
 from edgetrain.common.estimation import aggregate
 from edgetrain.common.keys import vector_key, vector_resource
+from edgetrain.common.payloads import ProxyRunRequest
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import JobSpec, TrainingOutcome
 from edgetrain.common.settings import Settings
 from edgetrain.common.testing.broker import queued_tasks
-from edgetrain.tasks import context, contract
+from edgetrain.tasks import context, contract, server
 from edgetrain.tasks.contract import CONTROL_QUEUE, SERVER_QUEUE, TaskName
-from edgetrain.tasks.server import estimate_relation_vector
+from edgetrain.tasks.server import estimate_relation_vector, train_proxy
+from edgetrain.tasks.stopped import on_lost_child
 
 
 @pytest.fixture
@@ -60,3 +65,22 @@ def test_an_estimation_cut_short_while_it_sends_its_runs_leaves_every_run_in_the
     ledger = s.ledger.unseen_since(float("inf"), 100)
     assert sorted((t.task, t.payload["batch_size"]) for t in ledger) == [(TaskName.train_proxy.value, b) for b in (16, 32, 64)]
     assert [t.payload["batch_size"] for t in sent] == [16]
+
+
+def test_a_proxy_run_whose_process_died_fails_the_vector_and_its_other_runs_are_skipped(s, redis_server, monkeypatch) -> None:
+    """A model that kills its process killed every run of the vector, and each retry, while the
+    jobs behind it on the server queue waited: the first death fails the vector, the runs still
+    queued do not train."""
+    request = JobSpec.model_validate(quick_job(batch_sizes=[16, 64])).estimation_request()
+    resource = vector_resource(vector_key(request))
+    s.coordination.claim(resource, "j1")
+    estimate_relation_vector(request)
+    runs = queued_tasks(redis.Redis.from_url(redis_server.url), SERVER_QUEUE)
+    assert [t.payload["batch_size"] for t in runs] == [16, 64]
+    on_lost_child(sender=SimpleNamespace(name=TaskName.train_proxy.value), task_id=runs[0].id, exception=WorkerLostError("signal 9"),
+                  args=(runs[0].payload,), instance="server-0@h:1")  # fmt: skip
+    failure = s.coordination.failure(resource)
+    assert failure is not None and failure.reason.startswith("proxy training b=16 seed=0 its process died") and failure.for_job("j1")
+    monkeypatch.setattr(server, "run_proxy", lambda *a: pytest.fail("a run of a failed estimation trained"))
+    assert train_proxy(ProxyRunRequest.model_validate(runs[1].payload)) is None
+    assert s.resources.vector_parts(vector_key(request)) == []
