@@ -32,3 +32,12 @@ def quick_job(devices: list[dict[str, Any]] | None = None, **changes: Any) -> di
         job["devices"] = copy.deepcopy(devices)
     job.update(copy.deepcopy(changes))
     return job
+
+
+def long_fine_tune(device_id: str, max_samples: int = 12000, eval_every_samples: int = 1024, **changes: Any) -> dict[str, Any]:
+    """A quick job on `device_id` under 3 W whose fine-tune runs its whole budget of `max_samples`
+    (the proxy, digits, reaches 90 %; a tenth of Fashion-MNIST does not), evaluated (and
+    checkpointed) every `eval_every_samples`: a fine-tune to stop, kill or freeze mid-way."""
+    target = [{"device_id": device_id, "power_cap_w": 3.0, "dataset": {"name": "fashion_mnist", "fraction": 0.1}}]
+    job = {"target_accuracy": 0.9, "max_samples": max_samples, "batch_sizes": [16, 64], "eval_every_samples": eval_every_samples}
+    return quick_job(target, **(job | changes))

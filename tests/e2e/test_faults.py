@@ -13,7 +13,7 @@ import pytest
 
 from edgetrain.common.jobs.state import EventKind, PartState
 from edgetrain.common.keys import table_id, table_resource, vector_resource
-from edgetrain.common.presets import quick_job
+from edgetrain.common.presets import long_fine_tune, quick_job
 from edgetrain.common.settings import Settings
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
 from edgetrain.workers.processes.cluster import EmbeddedRedis, LocalCluster
@@ -23,13 +23,6 @@ DEFAULTS = Settings()
 # the stated bound after the holder stops, with slack for a machine that runs other tests beside
 RECOVERY_S = DEFAULTS.lease_ttl_s + DEFAULTS.reaper_interval_s + 30
 NANO_TABLE = table_id("jetson-nano", "smallcnn", [1, 28, 28])
-
-
-def long_fine_tune(device_id: str, **changes) -> dict:
-    """A job whose fine-tune runs its whole budget: the proxy (digits) reaches 90 %, the
-    device's data (a tenth of Fashion-MNIST) does not within 12000 samples."""
-    target = [{"device_id": device_id, "power_cap_w": 3.0, "dataset": {"name": "fashion_mnist", "fraction": 0.1}}]
-    return quick_job(target, target_accuracy=0.9, max_samples=12000, **changes)
 
 
 def wait_for(check, timeout_s: float, what: str, poll_s: float = 0.2):
@@ -116,7 +109,7 @@ def test_a_redis_restart_while_a_device_profiles_loses_nothing(tmp_path, redis_a
 def test_a_six_second_redis_outage_does_not_restart_a_fine_tune(tmp_path, redis_aof) -> None:
     with LocalCluster(tmp_path / "cluster", devices={"nano-b": "sim:jetson-nano"}, redis_url=redis_aof.url) as cluster:
         client = EdgeTrainClient(cluster.redis_url)
-        job_id = client.submit(long_fine_tune("nano-b"))
+        job_id = client.submit(long_fine_tune("nano-b", eval_every_samples=256))  # slower: it outlasts the outage
         wait_for(lambda: client.status(job_id).progress.get("nano-b"), 240, "fine-tuning progress")
         redis_aof.kill()
         time.sleep(6)

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from edgetrain.common.jobs.state import TERMINAL, EventKind, PartState
-from edgetrain.common.presets import quick_job
+from edgetrain.common.presets import long_fine_tune
 from edgetrain.common.testing.flower import flower
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
 from edgetrain.workers.processes.cluster import LocalCluster
@@ -19,12 +19,6 @@ from edgetrain.workers.processes.cluster import LocalCluster
 pytestmark = pytest.mark.e2e
 DEVICE = "nano-o"
 STOPPED_S = 20  # a stop ends the part within this long (well inside a lease)
-
-
-def long_fine_tune(max_samples: int = 12000, **changes) -> dict:
-    """A fine-tune that runs its whole budget (a tenth of Fashion-MNIST does not reach 90 %)."""
-    target = [{"device_id": DEVICE, "power_cap_w": 3.0, "dataset": {"name": "fashion_mnist", "fraction": 0.1}}]
-    return quick_job(target, target_accuracy=0.9, max_samples=max_samples, batch_sizes=[16, 64], **changes)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +49,7 @@ def ended(client: EdgeTrainClient, job_id: str, state: PartState):
 
 def test_terminate_on_a_running_fine_tune_cancels_its_part_and_requeue_continues_from_its_checkpoint(fleet) -> None:
     cluster, client, api = fleet
-    job_id = client.submit(long_fine_tune(max_samples=6000))
+    job_id = client.submit(long_fine_tune(DEVICE, max_samples=6000, eval_every_samples=256))
     running_fine_tune(client, job_id)
     token = client.status(job_id).parts[DEVICE].dispatch.token
     pressed_at = time.monotonic()
@@ -75,9 +69,9 @@ def test_terminate_on_a_running_fine_tune_cancels_its_part_and_requeue_continues
 
 def test_revoke_on_a_queued_fine_tune_cancels_its_part_when_the_device_reaches_it(fleet) -> None:
     _, client, api = fleet
-    busy = client.submit(long_fine_tune())
+    busy = client.submit(long_fine_tune(DEVICE, eval_every_samples=256))
     running_fine_tune(client, busy, samples=256)
-    queued = client.submit(long_fine_tune())  # its table and vector are the busy job's
+    queued = client.submit(long_fine_tune(DEVICE, eval_every_samples=256))  # its table and vector are the busy job's
     token = poll_until(lambda: (p := client.status(queued).parts[DEVICE]).dispatch and p.dispatch.token, 120, 0.3, "the second dispatch")
     press(api, token, terminate=False)
     client.cancel(busy)  # the device moves on to the revoked message
@@ -91,7 +85,7 @@ def test_revoke_on_a_queued_fine_tune_cancels_its_part_when_the_device_reaches_i
 
 def test_terminate_on_a_running_proxy_run_fails_the_vector_with_the_reason_and_requeue_estimates_again(fleet) -> None:
     cluster, client, api = fleet
-    job_id = client.submit(long_fine_tune(max_samples=6000, seeds=[7]))  # a vector of its own
+    job_id = client.submit(long_fine_tune(DEVICE, max_samples=6000, eval_every_samples=256, seeds=[7]))  # a vector of its own
     lease = poll_until(lambda: next((x for x in cluster.store().liveness.running() if x.task == "edgetrain.train_proxy"), None),
                        120, 0.2, "a proxy run")  # fmt: skip
     press(api, lease.task_id, terminate=True)

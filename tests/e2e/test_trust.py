@@ -9,6 +9,7 @@ import time
 import pytest
 
 from edgetrain.common.jobs.state import EventKind, PartState
+from edgetrain.common.presets import long_fine_tune
 from edgetrain.common.settings import Settings
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
 from edgetrain.workers.processes.cluster import LocalCluster
@@ -16,14 +17,6 @@ from edgetrain.workers.processes.cluster import LocalCluster
 pytestmark = pytest.mark.e2e
 DEFAULTS = Settings()
 RECOVERY_S = DEFAULTS.lease_ttl_s + DEFAULTS.reaper_interval_s + 15
-
-
-def long_fine_tune(device_id: str, max_samples: int = 12000) -> dict:
-    """A job whose fine-tune runs its whole budget (a tenth of Fashion-MNIST does not reach 90 %)."""
-    from edgetrain.common.presets import quick_job
-
-    target = [{"device_id": device_id, "power_cap_w": 3.0, "dataset": {"name": "fashion_mnist", "fraction": 0.1}}]
-    return quick_job(target, target_accuracy=0.9, max_samples=max_samples)
 
 
 def wait_for(check, timeout_s: float, what: str, poll_s: float = 0.2):
