@@ -160,15 +160,6 @@ class Coordination:
         """Let the action `name` (see `once`) happen again."""
         self._redis.delete(self._keys.once(name))
 
-    def fail(self, resource: str, reason: str, jobs: list[str]) -> None:
-        """Record why `resource` could not be produced for `jobs` (those waiting on this
-        attempt), and free its claim. Jobs that come later try again."""
-        failure = ResourceFailure(reason=reason, jobs=sorted(set(jobs)))
-        with self._redis.pipeline() as p:
-            p.set(self._keys.failure(resource), failure.model_dump_json(), ex=FAILURE_TTL_S)
-            p.delete(self._keys.claim(resource))
-            p.execute()
-
     def failure(self, resource: str) -> ResourceFailure | None:
         """The last failure to produce `resource`, if it has not been tried again since."""
         raw = self._redis.get(self._keys.failure(resource))
@@ -186,13 +177,6 @@ class Coordination:
     def add_waiter(self, resource: str, job_id: str) -> None:
         """Advance `job_id` when `resource` is ready or failed (one round trip)."""
         self._add_waiter(keys=[self._keys.waiters(resource), self._keys.waiting()], args=[job_id, resource])
-
-    def take_waiters(self, resource: str) -> list[str]:
-        """The jobs waiting on `resource`, removed atomically."""
-        with self._redis.pipeline() as p:
-            p.smembers(self._keys.waiters(resource))
-            p.delete(self._keys.waiters(resource))
-            return sorted(p.execute()[0])
 
     def uncount_attempt(self, task_id: str) -> None:
         """Take back the count of the delivery of `task_id` that a worker stopped cleanly (it

@@ -100,12 +100,14 @@ def test_vector_parts_count_claims_and_once(store) -> None:
     assert c.claim("r", "job1") and not c.claim("r", "job2") and c.holder("r") == "job1"
     c.add_waiter("r", "job1")
     c.add_waiter("r", "job2")
-    assert c.take_waiters("r") == ["job1", "job2"] and c.take_waiters("r") == []
-    c.fail("r", "broken", ["job1", "job2"])
+    assert c.settle("r", lambda jobs: [], owner="job2") is None and c.holder("r") == "job1"  # not the holder: nothing changes
+    woken: list[str] = []
+    assert c.settle("r", lambda jobs: woken.extend(jobs) or [], reason="broken") == []
     failure = c.failure("r")
+    assert woken == ["job1", "job2"] and c.settle("r", lambda jobs: woken.extend(jobs) or []) == [] and woken == ["job1", "job2"]
     assert failure.for_job("job2") == "broken" and failure.for_job("job9") is None and c.holder("r") is None
     assert c.claim("r", "job3") and c.failure("r") is None  # a new attempt clears the failure
-    c.fail("r", "broken again", ["job3"])
+    c.settle("r", lambda jobs: [], reason="broken again")
     c.clear_failure("r")
     assert c.failure("r") is None
     assert c.once("finished:j") and not c.once("finished:j")

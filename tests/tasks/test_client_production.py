@@ -63,7 +63,7 @@ def test_profile_waits_for_the_holder_of_the_claim_and_reports_its_failure(clien
     pending = client.profile(DEVICE, "smallcnn")
     assert not pending.dispatched and pending.holder == "job-7/abc"
     assert queued_tasks(broker, device_queue("nano-3")) == []
-    client.store.coordination.fail(table_resource(TID), "profiling on nano-3 failed: boom", ["job-7"])
+    client.store.coordination.settle(table_resource(TID), lambda jobs: [], reason="profiling on nano-3 failed: boom")
     with pytest.raises(ResourceFailed, match="boom"):
         pending.ready()
 
@@ -86,7 +86,9 @@ def test_request_vector_sends_one_estimation_and_later_requests_wait_for_it(clie
 
 def test_request_vector_reports_the_failure_of_its_estimation(client, broker) -> None:
     pending = client.request_vector(REQUEST)
-    client.store.coordination.fail(vector_resource(vector_key(REQUEST)), "relation vector estimation failed (b=16, seed=0): boom", [])
+    client.store.coordination.settle(
+        vector_resource(vector_key(REQUEST)), lambda jobs: [], reason="relation vector estimation failed (b=16, seed=0): boom"
+    )
     with pytest.raises(ResourceFailed, match="b=16, seed=0"):
         pending.wait(timeout_s=5)
 

@@ -135,7 +135,7 @@ def test_a_profile_that_failed_for_the_job_fails_it_instead_of_being_claimed_aga
     assert profile.name == TaskName.profile_device.value
     assert s.federated.state(JOB).notice == f"waiting for the lookup tables of {TWIN}"
     resource = table_resource(table_id(TWIN, SPEC.model, get_model(SPEC.model).input_shape))
-    s.coordination.fail(resource, "profiling failed: the board overheated", [JOB])
+    s.coordination.settle(resource, lambda jobs: [], reason="profiling failed: the board overheated")
     assert federated_advance(JOB) == Phase.failed.value
     assert s.federated.state(JOB).reason == f"no lookup table: {TWIN}: profiling failed: the board overheated"
     assert len(queued_tasks(s.broker, device_queue("a"))) == 1  # not claimed again

@@ -43,7 +43,9 @@ def test_a_vector_set_aside_is_aggregated_again_from_its_runs(s, redis_server) -
     assert estimate_relation_vector(request)["runs_dispatched"] == 0
     assert queued_tasks(broker, SERVER_QUEUE) == []  # the runs are not run again
     assert s.resources.vector(key) == aggregate(request, s.resources.vector_parts(key))
-    assert s.coordination.holder(vector_resource(key)) is None and s.coordination.take_waiters(vector_resource(key)) == []
+    waiting: list[str] = []
+    s.coordination.settle(vector_resource(key), lambda jobs: waiting.extend(jobs) or [])
+    assert s.coordination.holder(vector_resource(key)) is None and waiting == []
     assert [(t.name, t.payload) for t in queued_tasks(broker, CONTROL_QUEUE)] == [(TaskName.advance_job.value, "j1")]
     assert [r.key for r in s.resources.set_asides()] == [s.keys.vector(key)]
 

@@ -95,7 +95,9 @@ def test_missing_table_and_vector_are_dispatched_once_across_jobs(s, broker) -> 
     advance_job("j2")  # another job needing the same table and vector waits for them
     assert len(queued_tasks(broker, device_queue("d1"))) == 1 and len(queued_tasks(broker, SERVER_QUEUE)) == 1
     assert kinds(s, "j2") == [EventKind.submitted]
-    assert s.coordination.take_waiters(table_resource(TID)) == ["j1", "j2"]
+    waiting: list[str] = []
+    s.coordination.settle(table_resource(TID), lambda jobs: waiting.extend(jobs) or [])
+    assert waiting == ["j1", "j2"]
 
 
 def test_with_table_and_vector_the_argmin_is_fine_tuned_once(s, broker) -> None:
@@ -184,7 +186,7 @@ def test_an_old_failure_is_ignored_while_the_resource_exists(s, broker) -> None:
     register(s, "d1")
     spec = submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
     vector = store_resources(s, spec)
-    s.coordination.fail(vector_resource(vector.key), "an old failure", ["j1"])  # ignored: the vector exists
+    s.coordination.settle(vector_resource(vector.key), lambda jobs: [], reason="an old failure")  # ignored: the vector exists
     advance_job("j1")
     assert s.jobs.part("j1", "d1").state == PartState.queued
 
