@@ -153,11 +153,6 @@ class Envelope:
         return n0 + (l0 - loss) / (l0 - l1) * (n1 - n0)
 
 
-def solo_batch_sizes(records: list[FinetuneRecord]) -> frozenset[int]:
-    """The batch sizes of the records' solo curves: what runs on their data measured."""
-    return frozenset(c[0] for r in records if (c := r.solo_curve()) is not None)
-
-
 def warp_ratio(curve: list[tuple[int, float]], reference: list[tuple[int, float]]) -> float | None:
     """N_b / N_ref from two solo curves [(samples, test loss)] on the same data and weights: the
     median, over the test losses `curve` reaches after its first two evaluations that
@@ -174,25 +169,27 @@ def warp_ratio(curve: list[tuple[int, float]], reference: list[tuple[int, float]
 
 def relative_samples(records: list[FinetuneRecord]) -> dict[int, list[float]]:
     """Per batch size, N_b on the records' data relative to one reference run (log-consistent):
-    solo N_b where a run reached the target at one batch size, and solo curves matched to the
-    longest solo curve of a run that reached it (or of any). Without a run that reached the
+    solo N_b where a run reached the target at one batch size (however few its evaluations),
+    and solo curves of runs that did not, matched to the longest solo curve of a run that
+    reached it (or, with no run that reached it, of any). Without a run that reached the
     target, curves at one batch size alone measure nothing (their scale is arbitrary): none."""
-    solos = [(r, c) for r in records if (c := r.solo_curve()) is not None]
-    if not solos:
-        return {}
-    full = [(r, c) for r, c in solos if r.solo_samples() is not None]
-    anchor_record, (_, anchor_curve) = max(full or solos, key=lambda rc: rc[1][1][-1][0])
-    anchor_solo = anchor_record.solo_samples()
-    anchor_n = float(anchor_solo[1] if anchor_solo else anchor_curve[-1][0])  # without a full run the scale is arbitrary
+    reached = [(r, s) for r in records if (s := r.solo_samples()) is not None]
     values: dict[int, list[float]] = {}
+    for _, (b, n) in reached:
+        values.setdefault(b, []).append(float(n))
+    solos = [(r, c) for r in records if r.solo_samples() is None and (c := r.solo_curve()) is not None]
+    anchors = [(r, c, float(s[1])) for r, s in reached if (c := r.solo_curve()) is not None]
+    if not anchors and not reached and solos:  # without a full run the scale is arbitrary
+        anchors = [(r, c, float(c[1][-1][0])) for r, c in solos]
+    if not anchors:
+        return values
+    anchor_record, (anchor_b, anchor_curve), anchor_n = max(anchors, key=lambda a: a[1][1][-1][0])
+    if not reached:
+        values.setdefault(anchor_b, []).append(anchor_n)
     for record, (b, curve) in solos:
-        if (solo := record.solo_samples()) is not None and full:
-            values.setdefault(b, []).append(float(solo[1]))
-        elif record is anchor_record:
-            values.setdefault(b, []).append(anchor_n)
-        elif (ratio := warp_ratio(curve, anchor_curve)) is not None:
+        if record is not anchor_record and (ratio := warp_ratio(curve, anchor_curve)) is not None:
             values.setdefault(b, []).append(anchor_n * ratio)
-    return values if full or len(values) > 1 else {}
+    return values if reached or len(values) > 1 else {}
 
 
 def learned_vector(records: list[FinetuneRecord], prior: RelationVector) -> RelationVector | None:

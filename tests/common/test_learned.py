@@ -77,6 +77,15 @@ def test_learned_vector_takes_measured_N_b_and_scales_the_prior_elsewhere() -> N
     assert learned_vector([record(8, 1.0, "a", n=9000), record(8, 1.0, "d", n=9400)], PRIOR) is None  # one batch size
 
 
+def test_runs_that_reached_the_target_within_a_few_evaluations_measure_their_N_b() -> None:
+    """A run that reached the target in four evaluations has too short a curve to be matched,
+    but its N_b is measured outright: before, such records counted for nothing."""
+    quick = [record(8, 1.0, "a", n=700), record(32, 1.5, "b", n=500)]
+    assert all(r.solo_curve() is None for r in quick)
+    vector = learned_vector(quick, PRIOR)
+    assert vector is not None and vector.samples_for(8) == 700 and vector.samples_for(32) == 500
+
+
 def test_records_of_similar_data_blend_with_the_prior() -> None:
     records = [record(8, 1.0, "a", n=9000), record(32, 1.5, "b", n=6000)]
     same, similar = learned_vector(records, PRIOR), similar_vector({"other": records}, PRIOR)
