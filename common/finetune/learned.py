@@ -38,6 +38,9 @@ from ..security import data_path
 
 MIN_MATCHED_LEVELS = 3  # test-loss levels two solo curves must share to give a ratio
 MIN_SOLO_EVALUATIONS = 4  # evaluations after the start a solo curve needs to be used
+# with no run that reached the target, a run that has not is taken to need this many times what it
+# ran: the median of what is left under a scale-free prior on N_b is as much again as it has run
+UNREACHED_FACTOR = 2.0
 
 
 class DataIdentity(Strict):
@@ -172,23 +175,28 @@ def relative_samples(records: list[FinetuneRecord]) -> dict[int, list[float]]:
     solo N_b where a run reached the target at one batch size (however few its evaluations),
     and solo curves of runs that did not, matched to the longest solo curve of a run that
     reached it (or, with no run that reached it, of any). Without a run that reached the
-    target, curves at one batch size alone measure nothing (their scale is arbitrary): none."""
+    target the curves give N_b's shape but not its scale, only that each run's N_b is above
+    what it ran: every run is then taken to need UNREACHED_FACTOR times the samples it ran at
+    the least (before, the longest run's samples so far stood for its N_b, so a run matched to
+    it could read as past its own target). Curves at one batch size alone measure nothing: none."""
     reached = [(r, s) for r in records if (s := r.solo_samples()) is not None]
     values: dict[int, list[float]] = {}
     for _, (b, n) in reached:
         values.setdefault(b, []).append(float(n))
     solos = [(r, c) for r in records if r.solo_samples() is None and (c := r.solo_curve()) is not None]
     anchors = [(r, c, float(s[1])) for r, s in reached if (c := r.solo_curve()) is not None]
-    if not anchors and not reached and solos:  # without a full run the scale is arbitrary
+    if not anchors and not reached:
         anchors = [(r, c, float(c[1][-1][0])) for r, c in solos]
     if not anchors:
         return values
     anchor_record, (anchor_b, anchor_curve), anchor_n = max(anchors, key=lambda a: a[1][1][-1][0])
-    if not reached:
-        values.setdefault(anchor_b, []).append(anchor_n)
+    found = [] if reached else [(anchor_b, anchor_n, anchor_n)]  # (batch size, N_b on the anchor's scale, samples it ran)
     for record, (b, curve) in solos:
         if record is not anchor_record and (ratio := warp_ratio(curve, anchor_curve)) is not None:
-            values.setdefault(b, []).append(anchor_n * ratio)
+            found.append((b, anchor_n * ratio, curve[-1][0]))
+    scale = 1.0 if reached else UNREACHED_FACTOR * max(ran / n for _, n, ran in found)
+    for b, n, _ in found:
+        values.setdefault(b, []).append(n * scale)
     return values if reached or len(values) > 1 else {}
 
 

@@ -16,6 +16,7 @@ from edgetrain.common.finetune.learned import (
     Segment,
     data_identity,
     learned_vector,
+    relative_samples,
     similar_vector,
     warp_ratio,
 )
@@ -84,6 +85,17 @@ def test_runs_that_reached_the_target_within_a_few_evaluations_measure_their_N_b
     assert all(r.solo_curve() is None for r in quick)
     vector = learned_vector(quick, PRIOR)
     assert vector is not None and vector.samples_for(8) == 700 and vector.samples_for(32) == 500
+
+
+def test_without_a_run_that_reached_the_target_no_run_reads_as_past_it() -> None:
+    """Two runs still going on one data, none reached: a run at b=8 matched to a longer one at
+    b=32 read as needing fewer samples than it had already run (the closed loop then took it for
+    finished and never switched). Each now reads as needing at least twice what it ran, the
+    ratio between them kept."""
+    runs = [record(32, 1.5, "long", stop=9216), record(8, 3.0, "mine", stop=6144)]  # N_8 / N_32 = 0.5
+    measured = relative_samples(runs)
+    assert measured[8][0] >= 2 * 6144 and measured[32][0] >= 2 * 9216
+    assert measured[8][0] / measured[32][0] == pytest.approx(0.5, rel=0.03)
 
 
 def test_records_of_similar_data_blend_with_the_prior() -> None:
