@@ -190,7 +190,7 @@ def relative_samples(records: list[FinetuneRecord]) -> dict[int, list[float]]:
     if not anchors:
         return values
     anchor_record, (anchor_b, anchor_curve), anchor_n = max(anchors, key=lambda a: a[1][1][-1][0])
-    found = [] if reached else [(anchor_b, anchor_n, anchor_n)]  # (batch size, N_b on the anchor's scale, samples it ran)
+    found: list[tuple[int, float, float]] = [] if reached else [(anchor_b, anchor_n, anchor_n)]  # (b, N_b on the anchor's scale, ran)
     for record, (b, curve) in solos:
         if record is not anchor_record and (ratio := warp_ratio(curve, anchor_curve)) is not None:
             found.append((b, anchor_n * ratio, curve[-1][0]))
