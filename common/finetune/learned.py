@@ -194,9 +194,9 @@ def relative_samples(records: list[FinetuneRecord]) -> dict[int, list[float]]:
     for record, (b, curve) in solos:
         if record is not anchor_record and (ratio := warp_ratio(curve, anchor_curve)) is not None:
             found.append((b, anchor_n * ratio, curve[-1][0]))
-    scale = 1.0 if reached else UNREACHED_FACTOR * max(ran / n for _, n, ran in found)
-    for b, n, _ in found:
-        values.setdefault(b, []).append(n * scale)
+    scale = 1.0 if reached else UNREACHED_FACTOR * max(ran / relative for _, relative, ran in found)
+    for b, relative, _ in found:
+        values.setdefault(b, []).append(relative * scale)
     return values if reached or len(values) > 1 else {}
 
 
