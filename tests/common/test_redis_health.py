@@ -138,3 +138,26 @@ def test_a_second_worker_refused_the_device_id_leaves_the_live_workers_entries_a
     assert store.fleet.owner("nano-9") == owner.instance
     owner.stop()
     assert store.liveness.workers(settings.heartbeat_ttl_s) == [] and store.fleet.owner("nano-9") is None
+
+
+def test_a_shutdown_signal_landing_as_the_first_beat_returns_still_leaves_the_fleet(store: Store, redis_server, monkeypatch) -> None:
+    """SIGTERM soon after a worker registered (the device worker's handler raises SystemExit):
+    on a loaded machine the signal can land after the registration was written but before the
+    heartbeat noted it, and the stopping worker left its device in the fleet for a heartbeat
+    TTL (seen once in CI: `test_nvml_worker_registers_its_control_axis`)."""
+    settings = Settings(redis_url=redis_server.url)
+    device = DeviceInfo(device_id="nano-8", device_type="jetson-nano", backend="sim", frequencies_hz=[1, 2], memory_bytes=4, simulated=True)
+    worker = WorkerInfo(node="device-nano-8@here", role="device", queues=["nano-8"], hostname="here", pid=os.getpid())
+    register = store.fleet.register
+
+    def register_then_signalled(*args, **kwargs):
+        register(*args, **kwargs)
+        raise SystemExit(143)
+
+    monkeypatch.setattr(store.fleet, "register", register_then_signalled)
+    beating = Heartbeat(store, settings, worker, device)
+    with pytest.raises(SystemExit):
+        beating.first_beat(1.0, print)
+    assert store.fleet.device("nano-8") is not None
+    beating.stop()
+    assert store.fleet.device("nano-8") is None and store.fleet.owner("nano-8") is None

@@ -32,14 +32,18 @@ class Heartbeat(threading.Thread):
         self.stopped = threading.Event()
         self.replaced = False  # another worker serves the device id now: this one stops
         self.identity: StoreIdentity | None = None  # of the store this worker works in
-        self.registered = False  # a beat went through: stopping leaves the registry
+        self.registered = False  # a beat may have written: stopping leaves the registry
 
     def beat(self, replaces: str = "") -> None:
         """One heartbeat; DeviceIdTaken when another live worker serves the device id (then
         nothing is written: the worker registry's entry of the same node is that worker's)."""
+        was_registered, self.registered = self.registered, True  # before the write: a signal may land once it is done
         if self.device is not None:
-            self.store.fleet.register(self.device, self.settings.heartbeat_ttl_s, self.instance, replaces)
-        self.registered = True
+            try:
+                self.store.fleet.register(self.device, self.settings.heartbeat_ttl_s, self.instance, replaces)
+            except DeviceIdTaken:
+                self.registered = was_registered  # refused: nothing was written
+                raise
         self.store.liveness.heartbeat(self.worker)
         self.watch_identity()
 
