@@ -131,7 +131,7 @@ class FineTune:
         self.loop: ClosedLoop | None = None
         self.vector: RelationVector | None = None  # the vector it selects with from its start (the proxy's, or learned)
         self.record: FinetuneRecord | None = None  # what the run measured, once it reached its end
-        self._file = checkpoint_name(request.job_id, request.device_id, options.attempt)
+        self._saves = 0  # checkpoints saved by this attempt
         self._checked = self._checkpointed = time.monotonic()
         self._checkpoint_failed = False
         self._starting = False  # selecting before the first step
@@ -319,8 +319,10 @@ class FineTune:
         cannot be saved (a full disk) is a warning, once, and the run goes on without."""
         assert self.trainer is not None
         folder = self.options.artifact_dir
+        self._saves += 1
+        file = checkpoint_name(self.request.job_id, self.request.device_id, self.options.attempt, self._saves)
         try:
-            url = save_checkpoint(self.trainer, run, self._file, folder)
+            url = save_checkpoint(self.trainer, run, file, folder)
         except OSError as exc:
             if not self._checkpoint_failed:
                 self._checkpoint_failed = True
@@ -332,9 +334,9 @@ class FineTune:
                             energy_j=run.energy_j)  # fmt: skip
         written = self.writer.write(checkpoint=ref)
         if written in (Written.stale, Written.gone):
-            (folder / self._file).unlink(missing_ok=True)
+            (folder / file).unlink(missing_ok=True)
         else:
-            remove_checkpoints(self.request.job_id, self.request.device_id, folder, keep=self._file)
+            remove_checkpoints(self.request.job_id, self.request.device_id, folder, keep=file)
             self._checkpointed = time.monotonic()
         if not final:
             self._answer(written)

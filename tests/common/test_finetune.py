@@ -89,7 +89,7 @@ def test_a_cancel_checkpoints_then_stops_and_a_new_attempt_continues_with_the_di
     with pytest.raises(CancelledRun, match="cancelled after 256 samples"):
         recipe.run()
     (kept,) = writer.checkpoints()
-    assert kept.samples == 256 and files(tmp_path) == [f"checkpoint-j1-d1-{'a' * 12}.pt"]
+    assert kept.samples == 256 and files(tmp_path) == [f"checkpoint-j1-d1-{'a' * 12}-1.pt"]
     assert device.current_frequency() == TOP  # restored (the twin's default is its top clock)
     again = Writer()
     device = SimulatedDevice(TWIN, seed=0)
@@ -97,7 +97,8 @@ def test_a_cancel_checkpoints_then_stops_and_a_new_attempt_continues_with_the_di
     resumed.setup(kept)
     report = resumed.run()
     assert report.samples_processed == 512 and [(c.batch_size, c.samples) for c in report.configurations] == [(64, 256)]
-    assert files(tmp_path) == [f"checkpoint-j1-d1-{'b' * 12}.pt"]  # the new attempt's replaced the old one
+    (left,) = files(tmp_path)
+    assert left.startswith(f"checkpoint-j1-d1-{'b' * 12}-")  # the new attempt's last replaced the old one
 
 
 def test_an_attempt_that_no_longer_holds_its_part_stops_and_leaves_no_checkpoint(tmp_path) -> None:
@@ -111,6 +112,28 @@ def test_an_attempt_that_no_longer_holds_its_part_stops_and_leaves_no_checkpoint
     with pytest.raises(Superseded, match="no longer in the store"):
         recipe.run()
     assert len(gone.writes) == 1  # nothing after the first refused write
+
+
+class RefusingAfterFirstCheckpoint(Writer):
+    """Accepts the first checkpoint; after it the attempt no longer holds its part (cancelled,
+    or handed on, while it saved the next)."""
+
+    def write(self, progress=None, checkpoint=None, event=None) -> Written:
+        refused = checkpoint is not None and bool(self.checkpoints())
+        super().write(progress, checkpoint, event)
+        return Written.stale if refused else Written.ok
+
+
+def test_a_checkpoint_the_part_refuses_leaves_the_recorded_one_whole_for_the_next_attempt(tmp_path) -> None:
+    writer = RefusingAfterFirstCheckpoint()
+    recipe, _ = run(writer, tmp_path, checkpoint_every_s=0)
+    with pytest.raises(Superseded):
+        recipe.run()
+    recorded, refused = writer.checkpoints()
+    assert refused.samples > recorded.samples and len(files(tmp_path)) == 1
+    resumed = FineTune(request(), SimulatedDevice(TWIN, seed=0), Writer(), Options(attempt="b" * 32, artifact_dir=tmp_path))
+    resumed.setup(recorded)  # the file is there, as it was recorded
+    assert resumed.trainer is not None and resumed.trainer.samples == recorded.samples
 
 
 def test_a_shutting_down_worker_checkpoints_and_stops(tmp_path) -> None:
