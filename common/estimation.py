@@ -114,5 +114,6 @@ def pretrain(
     trainer = Trainer(model, make_optimizer(model, lr, batch_size), batch_size, data.train, data.test, seed)
     while trainer.samples < samples:
         trainer.step()
+    accuracy = trainer.evaluate()  # where it trained: the weights move to the CPU to be published
     name = f"{model_name}-{dataset.name}-{samples}"
-    return put_state_dict(trainer.model.cpu(), name, folder), trainer.evaluate()
+    return put_state_dict(trainer.model.cpu(), name, folder), accuracy
