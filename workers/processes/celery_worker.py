@@ -32,6 +32,10 @@ logger = logging.getLogger(__name__)
 
 
 TRAINING_ROLES = ("server", "device")  # the roles whose processes run PyTorch; the control worker never imports it
+# A worker's main process forks the pool children that train. Asking there whether CUDA is present
+# (the software versions a device announces) must not initialise CUDA, or every child's first CUDA
+# call fails ("Cannot re-initialize CUDA in forked subprocess"): PyTorch asks NVML instead.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 
 def _set_torch_threads(settings: Settings) -> None:
