@@ -1,4 +1,6 @@
 import copy
+import json
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -120,3 +122,10 @@ def test_presets_quick_runs_offline_data_and_paper_follows_the_protocol() -> Non
     assert [s.targets[0].target_accuracy for s in paper] == [0.92, 0.915]
     with pytest.raises(ValueError, match="scale: unknown scale 'huge'"):
         scale_preset("huge")
+
+
+@pytest.mark.parametrize("name", ["held_out_related", "held_out_poor"])
+def test_the_held_out_specs_in_bench_run_offline_data(name: str) -> None:
+    path = Path(__file__).parents[2] / "bench" / "specs" / f"{name}.json"
+    spec = EvaluationSpec.model_validate(json.loads(path.read_text()))
+    assert {g.dataset.name for g in spec.goals()} <= {"mnist5k", "fashion_mnist"} and len(spec.seeds) == 3
