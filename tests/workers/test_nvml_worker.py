@@ -25,7 +25,8 @@ pytestmark = pytest.mark.e2e
 def test_nvml_worker_registers_its_control_axis(redis_server, flags: list[str], control: ControlAxis, settings: list[int]) -> None:
     store = Store.connect(redis_server.url)
     store.clear()
-    env = {**os.environ, "EDGETRAIN_REDIS_URL": redis_server.url, "EDGETRAIN_NVML_MODULE": "edgetrain.common.testing.fake_nvml"}
+    env = {**os.environ, "EDGETRAIN_REDIS_URL": redis_server.url, "EDGETRAIN_NVML_MODULE": "edgetrain.common.testing.fake_nvml",
+           "PYTHONFAULTHANDLER": "1"}  # fmt: skip
     cmd = [sys.executable, "-m", "edgetrain.workers.cli", "worker", "device", "--device-id", "gpu-1", "--backend", "nvml", *flags]
     worker = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -39,5 +40,10 @@ def test_nvml_worker_registers_its_control_axis(redis_server, flags: list[str], 
         assert info.software["nvidia_driver"] == "580.65.06" and info.software["torch"]
     finally:
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=60) in (0, 128 + signal.SIGTERM)
+        try:
+            code = worker.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            worker.send_signal(signal.SIGABRT)  # the fault handler prints every thread's stack
+            pytest.fail(f"the worker did not stop within 60 s of SIGTERM:\n{worker.communicate(timeout=30)[1][-20000:]}")
+        assert code in (0, 128 + signal.SIGTERM)
     assert store.fleet.device("gpu-1") is None
