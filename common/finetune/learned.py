@@ -179,11 +179,12 @@ def relative_samples(records: list[FinetuneRecord]) -> dict[int, list[float]]:
     what it ran: every run is then taken to need UNREACHED_FACTOR times the samples it ran at
     the least (before, the longest run's samples so far stood for its N_b, so a run matched to
     it could read as past its own target). Curves at one batch size alone measure nothing: none."""
-    reached = [(r, s) for r in records if (s := r.solo_samples()) is not None]
+    solo = [(r, r.solo_samples()) for r in records]
+    reached = [(r, s) for r, s in solo if s is not None]
     values: dict[int, list[float]] = {}
     for _, (b, n) in reached:
         values.setdefault(b, []).append(float(n))
-    solos = [(r, c) for r in records if r.solo_samples() is None and (c := r.solo_curve()) is not None]
+    solos = [(r, c) for r, s in solo if s is None and (c := r.solo_curve()) is not None]
     anchors = [(r, c, float(s[1])) for r, s in reached if (c := r.solo_curve()) is not None]
     if not anchors and not reached:
         anchors = [(r, c, float(c[1][-1][0])) for r, c in solos]
