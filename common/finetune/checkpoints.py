@@ -18,7 +18,8 @@ from ..artifacts import get_bytes, put_file
 from ..security import safe_file_name
 from ..training import DeviceTotals, Trainer
 
-_SAVE_SUFFIX = re.compile(r"[0-9a-f]{12}(-[0-9]+)?\.pt")  # one pattern: one compiled per job would fill re's cache
+# one pattern (one compiled per job would fill re's cache); without a save number: a file of an earlier version
+_SAVE_SUFFIX = re.compile(r"[0-9a-f]{12}(-[0-9]+)?\.pt")
 
 
 def checkpoint_name(job_id: str, device_id: str, attempt: str, save: int) -> str:
