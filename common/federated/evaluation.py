@@ -1,6 +1,7 @@
 """The federated evaluation: one fleet of twins trained to a target global accuracy with each
 method (Baseline 1, equation (4) with equal local steps, edgetrain's time-balanced steps; the
-last two also with a relation vector, `+vector`) over several seeds, in one process
+last two also with a relation vector, `+vector`; edgetrain within the job's fleet power
+budget, `+budget`) over several seeds, in one process
 (`simulate`), and its summary per method: rounds, device time and fleet energy to the target
 (mean ± std over seeds) and the speed-up over Baseline 1.
 
@@ -28,14 +29,14 @@ from ..limits import MAX_SEEDS
 from ..schemas import RelationVector, Seeds, Strict, TrainingOutcome
 from .plan import Assignment
 from .records import RoundRecord
-from .simulate import ASYNC, FEDNOVA, VECTOR, FederatedRun, simulate, twin_table
+from .simulate import ASYNC, BUDGET, FEDNOVA, VECTOR, FederatedRun, simulate, twin_table
 from .spec import DEADLINE, MAX_ROUNDS, FederatedSpec
 from .vector import ProxyRuns, read_vector
 
 LABELS = {
     "baseline1": "Baseline 1", f"baseline1{DEADLINE}": "Baseline 1, partial work to the deadline", "equation4": "eq. (4), equal steps",
     "edgetrain": "edgetrain (time-balanced)", f"edgetrain{FEDNOVA}": "edgetrain + FedNova (time-balanced)",
-    f"edgetrain{ASYNC}": "edgetrain async (buffered)",
+    f"edgetrain{ASYNC}": "edgetrain async (buffered)", f"edgetrain{BUDGET}": "edgetrain within the fleet power budget (time-balanced)",
     f"equation4{VECTOR}": "eq. (4) + vector, equal steps", f"edgetrain{VECTOR}": "edgetrain + vector (time-balanced)",
 }  # fmt: skip
 
@@ -51,7 +52,7 @@ class FederatedEvaluationSpec(Strict):
     job: FederatedSpec
     twins: dict[str, str] = Field(min_length=1, description="device id -> twin name or twin spec file")
     seeds: Seeds = Field(default_factory=lambda: [0, 1, 2], min_length=1, max_length=MAX_SEEDS)
-    methods: list[str] = Field(default_factory=lambda: [m for m in LABELS if not m.endswith(VECTOR)], min_length=1,
+    methods: list[str] = Field(default_factory=lambda: [m for m in LABELS if not m.endswith((VECTOR, BUDGET))], min_length=1,
                                description="in the order of the reports")  # fmt: skip
     proxy: ProxyRuns | None = Field(None, description="the `+vector` methods' relation vector, estimated in this process")
     vector: RelationVector | None = Field(None, description="the `+vector` methods' relation vector, or its JSON file's path")
@@ -104,6 +105,15 @@ class FederatedEvaluationSpec(Strict):
         return self
 
     @model_validator(mode="after")
+    def _one_budget_for_its_method(self) -> FederatedEvaluationSpec:
+        using = [m for m in self.methods if m.endswith(BUDGET)]
+        if using and self.job.local.fleet_power_w is None:
+            raise ValueError(f"methods: {using} need a fleet power budget: give job.local.fleet_power_w (W)")
+        if self.job.local.fleet_power_w is not None and not using:
+            raise ValueError(f"job.local.fleet_power_w: no method uses it; add edgetrain{BUDGET} to methods")
+        return self
+
+    @model_validator(mode="after")
     def _async_can_run_buffered(self) -> FederatedEvaluationSpec:
         if (buffered := [m for m in self.methods if m.endswith(ASYNC)]) and self.job.participation.fraction < 1:
             raise ValueError(f"methods: {buffered} run buffered, which trains every device, not a fraction of them: set "
@@ -116,12 +126,15 @@ class FederatedEvaluationSpec(Strict):
 
     def run_spec(self, method: str, seed: int) -> FederatedSpec:
         """The job of one run, validated as a submitted job is: `method` (without `+vector`,
-        `+fednova` or `+async`) choosing every device's work, aggregated with FedNova for a
-        `+fednova` method, buffered for an `+async` one (`async_buffer_size`; as many local works
-        at most as `max_rounds` rounds of every device, within MAX_ROUNDS aggregations) and
-        FedAvg in rounds otherwise, `seed` its seed."""
+        `+budget`, `+fednova` or `+async`) choosing every device's work, within the job's fleet
+        power budget for a `+budget` method (without one otherwise), aggregated with FedNova for
+        a `+fednova` method, buffered for an `+async` one (`async_buffer_size`; as many local
+        works at most as `max_rounds` rounds of every device, within MAX_ROUNDS aggregations)
+        and FedAvg in rounds otherwise, `seed` its seed."""
         job = self.job.model_dump()
-        job["local"]["method"] = method.removesuffix(FEDNOVA).removesuffix(VECTOR).removesuffix(ASYNC)
+        job["local"]["method"] = method.removesuffix(FEDNOVA).removesuffix(VECTOR).removesuffix(ASYNC).removesuffix(BUDGET)
+        if not method.endswith(BUDGET):
+            job["local"]["fleet_power_w"] = None
         if method.endswith(ASYNC):
             job["aggregation"] |= {"mode": "buffered", "rule": "fedavg", "buffer_size": self.async_buffer_size()}
             job["max_rounds"] = min(MAX_ROUNDS, math.ceil(self.job.max_rounds * len(self.job.devices) / self.async_buffer_size()))

@@ -9,6 +9,8 @@ median device needs for `local_steps` steps, so a device slowed by its cap does 
 and a fast one more, and the round no longer waits for the slowest. `baseline1-deadline`
 balances time the same way at Baseline 1's configuration (each device trains until the round's
 time budget: FedProx-style partial work), which separates time balancing from the (b, f) choice.
+Under a fleet power budget (`local.fleet_power_w`, edgetrain) a plan that does not fit it is
+chosen again by progress per joule (common/federated/budget.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 from ..schemas import ProfileTable, RelationVector, Selection, Strict
 from ..selection import SelectionError, strategy_for
+from .budget import options, within_budget
 from .spec import DEADLINE, TIME_BALANCED, LocalWork
 
 
@@ -60,7 +63,7 @@ def per_step(table: ProfileTable, values: list[list[float | None]] | None, choic
 
 def assign(devices: Sequence[DeviceInRound], work: LocalWork, vector: RelationVector | None = None) -> list[Assignment]:
     """Every device's assignment for a round (SelectionError, naming the device, when a cap
-    leaves a device no configuration)."""
+    leaves a device no configuration; naming `local.fleet_power_w` when no plan fits it)."""
     chosen = []
     for d in devices:
         flat = vector or RelationVector.uniform(d.table.batch_sizes)
@@ -72,27 +75,55 @@ def assign(devices: Sequence[DeviceInRound], work: LocalWork, vector: RelationVe
         step_s = per_step(d.table, d.table.time_s, choice)
         assert step_s is not None, "a chosen point is measured"
         chosen.append((d, choice, step_s))
-    steps = balanced_steps([s for *_, s in chosen], work) if work.method in TIME_BALANCED else [work.local_steps] * len(chosen)
-    return [
-        Assignment(
-            device_id=d.device_id,
-            device_type=d.device_type,
-            power_cap_w=d.power_cap_w,
-            batch_size=c.batch_size,
-            frequency_hz=c.frequency_hz,
-            local_steps=k,
-            expected_time_s=k * step_s,
-            expected_energy_j=None if (e := per_step(d.table, d.table.energy_j, c)) is None else k * e,
-            strategy=c.strategy,
-        )  # fmt: skip
-        for (d, c, step_s), k in zip(chosen, steps)
-    ]
+    if work.method not in TIME_BALANCED:
+        return [_assignment(d, c, work.local_steps) for d, c, _ in chosen]
+    step_times_s = [s for *_, s in chosen]
+    round_s = round_time_s(step_times_s, work)
+    plan = [_assignment(d, c, k) for (d, c, _), k in zip(chosen, balanced_steps(step_times_s, work))]
+    if work.fleet_power_w is None or sum(a.expected_energy_j or 0.0 for a in plan) <= work.fleet_power_w * round_s:
+        return plan
+    return _within_power(devices, work, vector, round_s)
+
+
+def _within_power(devices: Sequence[DeviceInRound], work: LocalWork, vector: RelationVector | None, round_s: float) -> list[Assignment]:
+    """The round's plan under the fleet power budget (common/federated/budget.py)."""
+    assert work.fleet_power_w is not None
+    device_options = []
+    for d in devices:
+        try:
+            flat = vector or RelationVector.uniform(d.table.batch_sizes)
+            device_options.append(options(d.table, d.power_cap_w, flat, round_s, work.min_steps))
+        except SelectionError as exc:
+            raise SelectionError(f"device {d.device_id}: {exc}") from exc
+    plan = within_budget(device_options, work.fleet_power_w * round_s, work.min_steps, round_s)
+    return [_assignment(d, o.choice, k) for d, (o, k) in zip(devices, plan)]
+
+
+def _assignment(d: DeviceInRound, choice: Selection, steps: int) -> Assignment:
+    step_s = per_step(d.table, d.table.time_s, choice)
+    assert step_s is not None, "a chosen point is measured"
+    return Assignment(
+        device_id=d.device_id,
+        device_type=d.device_type,
+        power_cap_w=d.power_cap_w,
+        batch_size=choice.batch_size,
+        frequency_hz=choice.frequency_hz,
+        local_steps=steps,
+        expected_time_s=steps * step_s,
+        expected_energy_j=None if (e := per_step(d.table, d.table.energy_j, choice)) is None else steps * e,
+        strategy=choice.strategy,
+    )
+
+
+def round_time_s(step_times_s: list[float], work: LocalWork) -> float:
+    """A time-balanced round's time budget (device s): the median device's `work.local_steps` steps."""
+    return work.local_steps * statistics.median(step_times_s)
 
 
 def balanced_steps(step_times_s: list[float], work: LocalWork) -> list[int]:
     """Local steps per device so that each trains about as long (device s) as the median device
     takes for `work.local_steps` steps; never fewer than `work.min_steps`."""
-    budget_s = work.local_steps * statistics.median(step_times_s)
+    budget_s = round_time_s(step_times_s, work)
     return [max(work.min_steps, round(budget_s / t)) for t in step_times_s]
 
 

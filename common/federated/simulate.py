@@ -40,14 +40,15 @@ from .spec import FederatedDevice, FederatedSpec
 VECTOR = "+vector"  # a run's method with this suffix chose every (b, f) with a relation vector
 FEDNOVA = "+fednova"  # a run's method with this suffix aggregated with FedNova's normalized averaging
 ASYNC = "+async"  # a run's method with this suffix ran buffered (asynchronous) aggregation
+BUDGET = "+budget"  # a run's method with this suffix planned its rounds within the job's fleet power budget
 
 
 class FederatedRun(Strict):
     """A federated job run to the target (or `max_rounds`) with one method and seed; figures
     from twins are SIMULATED."""
 
-    method: str = Field(description="the job's local.method; with `+vector` when a relation vector chose (b, f), `+fednova` "
-                                     "when FedNova aggregated")  # fmt: skip
+    method: str = Field(description="the job's local.method; with `+vector` when a relation vector chose (b, f), `+budget` when "
+                                     "a fleet power budget held, `+fednova` when FedNova aggregated")  # fmt: skip
     seed: int
     initial_accuracy: float
     rounds: list[RoundRecord]
@@ -84,7 +85,7 @@ def _fleet(spec: FederatedSpec, twins: dict[str, str]) -> tuple[nn.Module, dict[
 
 def _method(spec: FederatedSpec, vector: RelationVector | None) -> str:
     suffix = ASYNC if spec.aggregation.mode == "buffered" else FEDNOVA if spec.aggregation.rule == "fednova" else ""
-    return spec.local.method + (VECTOR if vector else "") + suffix
+    return spec.local.method + (VECTOR if vector else "") + (BUDGET if spec.local.fleet_power_w is not None else "") + suffix
 
 
 def simulate(

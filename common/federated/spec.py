@@ -109,11 +109,26 @@ class LocalWork(Strict):
     (Baseline 1's configuration, each device training until the round's time budget, as
     edgetrain: FedProx-style partial work). `local_steps`: steps per round of the
     equal-steps methods, and of the device whose time sets the time-balanced methods' round
-    budget (the median device)."""
+    budget (the median device). `fleet_power_w` (edgetrain): a budget in watts across the
+    round's devices: a round whose time-balanced plan would draw more has each device choose
+    between more local steps and a lower frequency by progress per joule, so that their steps
+    take at most `fleet_power_w` times the round's time budget (J); a budget that even
+    `min_steps` steps at every device's most frugal (b, f) exceed fails the job, naming it."""
 
     method: Literal["edgetrain", "equation4", "baseline1", "baseline1-deadline"] = "edgetrain"
     local_steps: int = Field(20, ge=1, le=100_000)
     min_steps: int = Field(1, ge=1, le=100_000, description="time-balanced methods: the fewest steps a device trains in a round")
+    fleet_power_w: float | None = Field(
+        None, gt=0, le=1_000_000,
+        description="edgetrain: the round's devices together draw at most this (W) over the round's time budget; None: no budget",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _budget_with_edgetrain(self) -> LocalWork:
+        if self.fleet_power_w is not None and self.method != "edgetrain":
+            raise ValueError(f"local.fleet_power_w: applies only with method edgetrain (each device choosing its (b, f)), not "
+                             f"{self.method}")  # fmt: skip
+        return self
 
 
 class FederatedSpec(Strict):

@@ -1,6 +1,9 @@
 """Federated fine-tuning's pure parts: the seeded splits, each device's configuration and local
 work per round, who takes part, FedAvg, FedProx's local training and the job spec."""
 
+import itertools
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -8,17 +11,18 @@ from pydantic import ValidationError
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from edgetrain.common.federated.budget import options
 from edgetrain.common.federated.data import device_data, labels_of, shares
 from edgetrain.common.federated.data import test_set as server_test_set
 from edgetrain.common.federated.evaluation import PRESET, FederatedEvaluationSpec, preset, summarize
 from edgetrain.common.federated.fairness import score
 from edgetrain.common.federated.partition import MIN_SAMPLES, split
-from edgetrain.common.federated.plan import Assignment, DeviceInRound, assign, balanced_steps, participants
+from edgetrain.common.federated.plan import Assignment, DeviceInRound, assign, balanced_steps, participants, round_time_s
 from edgetrain.common.federated.records import DeviceRound, Fairness, RoundRecord
 from edgetrain.common.federated.rounds import Update, aggregate, fedavg, fednova, local_train, local_work
 from edgetrain.common.federated.simulate import FederatedRun
 from edgetrain.common.federated.spec import MAX_ROUNDS, Aggregation, FederatedSpec, LocalWork, Partition
-from edgetrain.common.schemas import LearningRatePolicy, ProfileTable
+from edgetrain.common.schemas import LearningRatePolicy, ProfileTable, RelationVector
 from edgetrain.common.selection import SelectionError
 
 LABELS = np.repeat(np.arange(10), 100)  # 10 labels, 100 samples each
@@ -133,6 +137,77 @@ def test_a_cap_no_configuration_meets_names_the_device() -> None:
     for method in ("edgetrain", "equation4", "baseline1", "baseline1-deadline"):
         with pytest.raises(SelectionError, match=r"^device nano-2: power cap 1.50 W is below what any configuration needs"):
             assign(fleet, LocalWork(method=method))
+
+
+def _fleet(seed: int, n: int = 3) -> list[DeviceInRound]:
+    """`n` devices of seeded caps and speeds (TABLE scaled)."""
+    rng = random.Random(seed)
+    return [DeviceInRound(f"d{k}", "t", rng.choice([None, 5.5, 4.5]), _scaled(TABLE, rng.choice([0.25, 0.5, 1, 2, 4]))) for k in range(n)]
+
+
+def _watts(plan: list[Assignment], round_s: float) -> float:
+    return sum(a.expected_energy_j or 0.0 for a in plan) / round_s
+
+
+def test_a_fleet_power_budget_the_time_balanced_plan_fits_leaves_it_as_it_is() -> None:
+    fleet = [DeviceInRound(f"d{k}", "t", 5.5, _scaled(TABLE, factor)) for k, factor in enumerate([1.0, 5.0, 0.25])]
+    work = LocalWork(method="edgetrain", local_steps=10)
+    plan = assign(fleet, work)
+    round_s = plan[0].expected_time_s  # the median device's 10 steps
+    assert assign(fleet, work.model_copy(update={"fleet_power_w": _watts(plan, round_s) * 1.001})) == plan
+
+
+def test_under_a_tighter_fleet_power_budget_devices_trade_steps_and_clock_for_progress_per_joule() -> None:
+    fleet = [DeviceInRound(f"d{k}", "t", None, _scaled(TABLE, factor)) for k, factor in enumerate([1.0, 2.0, 0.25])]
+    work = LocalWork(method="edgetrain", local_steps=10)
+    plan = assign(fleet, work)
+    round_s = plan[0].expected_time_s
+    progress = [sum(a.batch_size * a.local_steps for a in plan)]
+    for share in (0.8, 0.6, 0.4, 0.2):
+        budget_w = share * _watts(plan, round_s)
+        within = assign(fleet, work.model_copy(update={"fleet_power_w": budget_w}))
+        assert _watts(within, round_s) <= budget_w * (1 + 1e-9)
+        for a in within:  # no device trains past the round's time budget by more than a step
+            assert a.expected_time_s <= round_s + a.expected_time_s / a.local_steps / 2 + 1e-9, a
+        assert {a.strategy for a in within} == {"fleet_power"}
+        progress.append(sum(a.batch_size * a.local_steps for a in within))
+    assert progress == sorted(progress, reverse=True) and progress[-1] < progress[0]
+    # at 20 % every device trains b=8 at 300 Hz, the most samples per joule of TABLE (0.6 J a step)
+    assert {(a.batch_size, a.frequency_hz) for a in within} == {(8, 300)}
+
+
+def test_a_fleet_power_budget_plan_is_within_5_percent_of_the_best_plan() -> None:
+    """Against every plan of seeded three-device fleets (each device one (b, f) of TABLE under its
+    cap and 1 to as many steps as fit the round): the most progress within the budget."""
+    work = LocalWork(method="edgetrain", local_steps=6)
+    ratios = []
+    for seed in range(60):
+        fleet = _fleet(seed)
+        plan = assign(fleet, work)
+        round_s = round_time_s([a.expected_time_s / a.local_steps for a in plan], work)
+        budget_w = random.Random(seed).uniform(0.3, 1.0) * _watts(plan, round_s)
+        within = assign(fleet, work.model_copy(update={"fleet_power_w": budget_w}))
+        every = [options(d.table, d.power_cap_w, RelationVector.uniform(TABLE.batch_sizes), round_s, 1) for d in fleet]
+        best = max(
+            sum(o.progress * k for o, k in combo)
+            for combo in itertools.product(*[[(o, k) for o in opts for k in range(1, o.steps + 1)] for opts in every])
+            if sum(o.step_j * k for o, k in combo) <= budget_w * round_s * (1 + 1e-9)
+        )
+        ratios.append(sum(a.batch_size * a.local_steps for a in within) / best)
+    assert min(ratios) >= 0.95, min(ratios)
+
+
+def test_a_fleet_power_budget_no_plan_meets_names_the_field_and_the_least_it_needs() -> None:
+    fleet = [DeviceInRound(f"d{k}", "t", None, _scaled(TABLE, factor)) for k, factor in enumerate([1.0, 2.0, 0.25])]
+    with pytest.raises(
+        SelectionError, match=r"^local\.fleet_power_w: 0\.01 W over the round's time budget .* need at least [0-9.]+ W \(1 step"
+    ):
+        assign(fleet, LocalWork(method="edgetrain", local_steps=10, fleet_power_w=0.01))
+    without_energy = [DeviceInRound("d0", "t", None, TABLE), DeviceInRound("d1", "t", None, TABLE.model_copy(update={"energy_j": None}))]
+    with pytest.raises(SelectionError, match=r"^device d1: objective 'fleet_power' needs the energy E\[b\]\[f\] of the lookup table"):
+        assign(without_energy, LocalWork(method="edgetrain", local_steps=10, fleet_power_w=0.01))
+    with pytest.raises(ValidationError, match=r"local\.fleet_power_w: applies only with method edgetrain .*, not baseline1-deadline"):
+        LocalWork(method="baseline1-deadline", fleet_power_w=20.0)
 
 
 def test_participants_are_a_seeded_fraction_different_per_round() -> None:
@@ -366,3 +441,17 @@ def test_an_async_run_is_a_valid_buffered_job_or_its_evaluation_spec_is_refused(
     assert (run.aggregation.mode, run.aggregation.buffer_size, run.max_rounds, run.local.method) == ("buffered", 3, MAX_ROUNDS, "edgetrain")
     assert FederatedSpec.model_validate(run.model_dump()) == run
     assert preset().run_spec("edgetrain+async", 1).max_rounds == 60 * 6 // 3
+
+
+def test_a_budget_run_keeps_the_jobs_fleet_power_budget_and_every_other_run_drops_it() -> None:
+    budgeted = PRESET["job"] | {"local": {"local_steps": 10, "fleet_power_w": 40.0}}
+    spec = FederatedEvaluationSpec.model_validate(PRESET | {"job": budgeted, "methods": ["baseline1", "edgetrain", "edgetrain+budget"]})
+    assert spec.run_spec("edgetrain+budget", 1).local.fleet_power_w == 40.0
+    assert spec.run_spec("edgetrain", 1).local.fleet_power_w is None and spec.run_spec("baseline1", 1).local.fleet_power_w is None
+    assert "edgetrain+budget" not in preset().methods  # the ready-made fleet has no budget
+    with pytest.raises(
+        ValidationError, match=r"methods: \['edgetrain\+budget'\] need a fleet power budget: give job\.local\.fleet_power_w"
+    ):
+        FederatedEvaluationSpec.model_validate(PRESET | {"methods": ["edgetrain", "edgetrain+budget"]})
+    with pytest.raises(ValidationError, match=r"job\.local\.fleet_power_w: no method uses it; add edgetrain\+budget to methods"):
+        FederatedEvaluationSpec.model_validate(PRESET | {"job": budgeted})

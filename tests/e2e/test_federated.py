@@ -99,6 +99,24 @@ def test_a_fednova_job_with_partial_work_to_the_deadline_trains_to_its_target_on
     assert "3 devices, baseline1-deadline local work, fednova" in capsys.readouterr().out
 
 
+def test_a_fleet_power_budget_holds_every_round_on_the_workers(cluster, capsys) -> None:
+    """Under 12 W across the three twins (their time-balanced rounds draw more), every round's
+    expected energy stays within 12 W over the round's time budget (at most its longest
+    device's time and a step), chosen by progress per joule, and the job reaches its target."""
+    client = EdgeTrainClient(cluster.url)
+    job_id = client.submit(spec() | {"local": {"local_steps": 8, "fleet_power_w": 12.0}})
+    status = client.wait_federated(job_id, timeout_s=300)
+    assert status.state.phase == "completed", (status.state.reason, [e.line() for e in status.events])
+    rounds_are_whole(status)
+    for r in status.rounds:
+        plan = [d.assignment for d in r.devices]
+        assert {a.strategy for a in plan} == {"fleet_power"}, plan
+        longest_s = max(a.expected_time_s + a.expected_time_s / a.local_steps for a in plan)
+        assert sum(a.expected_energy_j or 0.0 for a in plan) <= 12.0 * longest_s, plan
+    assert main(["status", job_id, "--redis-url", cluster.url]) == ExitCode.ok
+    assert "3 devices, edgetrain local work within a fleet power budget of 12 W, fedavg" in capsys.readouterr().out
+
+
 def test_a_malformed_federated_spec_is_refused_with_every_bad_field_and_nothing_stored(cluster, tmp_path, capsys) -> None:
     before = cluster.store().federated.job_ids()
     path = tmp_path / "bad.json"

@@ -91,6 +91,21 @@ def test_a_tiny_federated_evaluation_prints_the_table_and_writes_the_json_and_th
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20_000
 
 
+def test_a_budget_run_plans_every_round_within_the_fleet_power_budget_and_draws_its_own_line(tmp, no_redis, capsys) -> None:
+    job = TINY["job"] | {"local": {"local_steps": 5, "fleet_power_w": 10.0}, "max_rounds": 2, "target_accuracy": 0.99}
+    assert evaluate(tmp, TINY | {"seeds": [0], "methods": ["edgetrain", "edgetrain+budget"], "job": job}) == 0
+    out = capsys.readouterr().out
+    assert "the +budget method's rounds within 10 W across the fleet" in out
+    assert "| edgetrain within the fleet power budget (time-balanced) | 0/1 |" in out
+    evaluation = FederatedEvaluation.model_validate_json((tmp / "out" / "federated.json").read_text())
+    balanced, budgeted = evaluation.runs
+    assert (balanced.method, budgeted.method) == ("edgetrain", "edgetrain+budget")
+    for plain, within in zip(balanced.rounds, budgeted.rounds):
+        assert {d.assignment.strategy for d in within.devices} == {"fleet_power"}
+        assert sum(d.assignment.expected_energy_j for d in within.devices) < sum(d.assignment.expected_energy_j for d in plain.devices)
+    assert (tmp / "out" / "federated-accuracy.png").read_bytes().startswith(b"\x89PNG")
+
+
 def test_json_puts_the_document_on_stdout(tmp, no_redis, capsys) -> None:
     small = TINY | {"seeds": [3], "methods": ["edgetrain"], "job": TINY["job"] | {"max_rounds": 2, "target_accuracy": 0.99}}
     assert evaluate(tmp, small, "--json") == 0

@@ -24,7 +24,9 @@ def format_federated(status: FederatedStatus) -> str:
     lines = [
         f"federated job {status.record.job_id}: {state.phase.value}, {'aggregation' if state.buffered else 'round'} {state.round} of at "
         f"most {spec.max_rounds}; "
-        f"global accuracy {accuracy} (target {spec.target_accuracy}); {len(spec.devices)} devices, {spec.local.method} local work, "
+        f"global accuracy {accuracy} (target {spec.target_accuracy}); {len(spec.devices)} devices, {spec.local.method} local work"
+        + (f" within a fleet power budget of {spec.local.fleet_power_w:g} W" if spec.local.fleet_power_w is not None else "")
+        + ", "
         + (
             f"buffered, {spec.aggregation.buffer_size} updates per aggregation, staleness {spec.aggregation.staleness}"
             if state.buffered

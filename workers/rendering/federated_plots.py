@@ -2,7 +2,7 @@
 accuracy after each round against the device time since the start (SIMULATED, left) and
 against the round (middle), and the worst device's accuracy on its held-out data against the
 round (right), one line per method and seed (dotted: with the relation vector; dash-dotted:
-FedNova; dashed: buffered), the target as a dashed line."""
+FedNova; dashed: buffered; long dashes: within a fleet power budget), the target as a dashed line."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from edgetrain.common.federated.evaluation import LABELS, FederatedEvaluation
-from edgetrain.common.federated.simulate import ASYNC, FEDNOVA, VECTOR
+from edgetrain.common.federated.simulate import ASYNC, BUDGET, FEDNOVA, VECTOR
 from edgetrain.common.federated.spec import DEADLINE
 from edgetrain.common.plotting import DPI
 
@@ -23,12 +23,12 @@ from .evaluation_plots import COLOURS, SIMULATED_NOTE
 COLOURS_BY_METHOD = {**COLOURS, f"baseline1{DEADLINE}": "#56b4e9"}
 
 
-STYLES = {VECTOR: ":", FEDNOVA: "-.", ASYNC: "--"}
+STYLES: dict[str, Any] = {VECTOR: ":", FEDNOVA: "-.", ASYNC: "--", BUDGET: (0, (8, 3))}
 
 
 def _style(method: str) -> dict[str, Any]:
     """A method's colour and line style (dotted with the relation vector, dash-dotted with
-    FedNova, dashed when buffered)."""
+    FedNova, dashed when buffered, long dashes within a fleet power budget)."""
     suffix = next((s for s in STYLES if method.endswith(s)), "")
     return {"color": COLOURS_BY_METHOD[method.removesuffix(suffix)], "linestyle": STYLES.get(suffix, "-")}
 

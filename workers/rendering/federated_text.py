@@ -55,12 +55,13 @@ def job_line(job: FederatedSpec, async_size: int) -> str:
              "shards": f"{job.partition.shards_per_device} label shards per device"}[scheme]  # fmt: skip
     data = f"{job.dataset.name} in {split} (seed {job.partition.seed})" if job.dataset and job.partitioned() else "their own data"
     prox = f", FedProx mu = {job.aggregation.mu:g}" if job.aggregation.mu > 0 else ""
+    budget = f", the +budget method's rounds within {job.local.fleet_power_w:g} W across the fleet" if job.local.fleet_power_w else ""
     rule = "FedAvg (FedNova for the + FedNova methods"
     rule += f"; the async methods buffered, {async_size} updates per aggregation, staleness {job.aggregation.staleness})"
     return (
         f"{job.model} from {job.weights} on {len(job.devices)} devices holding {data}; target global accuracy "
         f"{job.target_accuracy:g} on the test split of {job.test_dataset.name}; {job.local.local_steps} local steps per round "
-        f"(time-balanced: the median device's), {rule}{prox}, {job.participation.fraction:.0%} of the devices per round, "
+        f"(time-balanced: the median device's){budget}, {rule}{prox}, {job.participation.fraction:.0%} of the devices per round, "
         f"at most {job.max_rounds} rounds."
     )
 
