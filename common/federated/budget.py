@@ -85,7 +85,9 @@ def within_budget(device_options: Sequence[Sequence[Option]], allowed_j: float, 
     but as many more steps as fit when the move only adds steps of the same option); what is
     left is then spent (`spend_rest`). SelectionError naming `local.fleet_power_w` when
     even the least energy of every device is more."""
-    hulls = [hull(opts, min_steps) for opts in device_options]
+    distinct = {id(opts): opts for opts in device_options}  # devices given the same options share a hull
+    shared = {key: hull(opts, min_steps) for key, opts in distinct.items()}
+    hulls = [shared[id(opts)] for opts in device_options]
     plan = [h[0] for h in hulls]
     least_j = energy_j(plan)
     if least_j > allowed_j:
@@ -116,7 +118,9 @@ def spend_rest(
     """`plan` with what `allowed_j` (J) leaves spent: one device after another (most progress
     per joule first) takes the (b, f) and steps that add the most progress within what is left."""
     plan, left_j = list(plan), allowed_j - energy_j(plan)
-    order = sorted(range(len(plan)), key=lambda i: -max(o.progress / o.step_j for o in device_options[i]))
+    distinct = {id(opts): opts for opts in device_options}
+    best_rate = {key: max(o.progress / o.step_j for o in opts) for key, opts in distinct.items()}
+    order = sorted(range(len(plan)), key=lambda i: -best_rate[id(device_options[i])])
     for i in order:
         current, k = plan[i]
         spent_j, made = current.step_j * k, current.progress * k

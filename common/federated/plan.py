@@ -88,13 +88,16 @@ def assign(devices: Sequence[DeviceInRound], work: LocalWork, vector: RelationVe
 def _within_power(devices: Sequence[DeviceInRound], work: LocalWork, vector: RelationVector | None, round_s: float) -> list[Assignment]:
     """The round's plan under the fleet power budget (common/federated/budget.py)."""
     assert work.fleet_power_w is not None
-    device_options = []
+    device_options, by_table_and_cap = [], {}  # devices of one type under one cap share their options
     for d in devices:
-        try:
-            flat = vector or RelationVector.uniform(d.table.batch_sizes)
-            device_options.append(options(d.table, d.power_cap_w, flat, round_s, work.min_steps))
-        except SelectionError as exc:
-            raise SelectionError(f"device {d.device_id}: {exc}") from exc
+        key = (id(d.table), d.power_cap_w)
+        if key not in by_table_and_cap:
+            try:
+                flat = vector or RelationVector.uniform(d.table.batch_sizes)
+                by_table_and_cap[key] = options(d.table, d.power_cap_w, flat, round_s, work.min_steps)
+            except SelectionError as exc:
+                raise SelectionError(f"device {d.device_id}: {exc}") from exc
+        device_options.append(by_table_and_cap[key])
     plan = within_budget(device_options, work.fleet_power_w * round_s, work.min_steps, round_s)
     return [_assignment(d, o.choice, k) for d, (o, k) in zip(devices, plan)]
 
