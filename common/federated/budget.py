@@ -27,11 +27,10 @@ STRATEGY = "fleet_power"
 
 @dataclass(frozen=True)
 class Option:
-    """One (b, f) a device may train at: its selection, one step's device time (s), energy (J)
-    and progress (b / r_b), and the most steps that fit the round's time budget."""
+    """One (b, f) a device may train at: its selection, one step's energy (J) and progress
+    (b / r_b), and the most steps that fit the round's time budget."""
 
     choice: Selection
-    step_s: float
     step_j: float
     progress: float
     steps: int
@@ -46,8 +45,7 @@ def options(table: ProfileTable, cap_w: float | None, vector: RelationVector, ro
         time_s, energy_j, ratio = table.time_s[i][j], table.energy_j[i][j], vector.ratio(s.batch_size)  # type: ignore[index]
         assert time_s is not None and energy_j is not None and ratio is not None, "measured_points returns measured points"
         per_sample = s.batch_size / table.samples
-        step_s = time_s * per_sample
-        found.append(Option(s, step_s, energy_j * per_sample, s.batch_size / ratio, max(min_steps, round(round_s / step_s))))
+        found.append(Option(s, energy_j * per_sample, s.batch_size / ratio, max(min_steps, round(round_s / (time_s * per_sample)))))
     return found
 
 
