@@ -36,6 +36,12 @@ class Option:
     steps: int
 
 
+def steps_within(round_s: float, step_s: float, min_steps: int) -> int:
+    """The steps of `step_s` (s) each that fill a round's time budget `round_s` (s), rounded,
+    never fewer than `min_steps`: a time-balanced device's local work."""
+    return max(min_steps, round(round_s / step_s))
+
+
 def options(table: ProfileTable, cap_w: float | None, vector: RelationVector, round_s: float, min_steps: int) -> list[Option]:
     """Every measured (b, f) of `table` under the cap `cap_w` (W) with its per-step figures
     (SelectionError without energy in the table or without a point under the cap)."""
@@ -45,7 +51,7 @@ def options(table: ProfileTable, cap_w: float | None, vector: RelationVector, ro
         time_s, energy_j, ratio = table.time_s[i][j], table.energy_j[i][j], vector.ratio(s.batch_size)  # type: ignore[index]
         assert time_s is not None and energy_j is not None and ratio is not None, "measured_points returns measured points"
         per_sample = s.batch_size / table.samples
-        found.append(Option(s, energy_j * per_sample, s.batch_size / ratio, max(min_steps, round(round_s / (time_s * per_sample)))))
+        found.append(Option(s, energy_j * per_sample, s.batch_size / ratio, steps_within(round_s, time_s * per_sample, min_steps)))
     return found
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..schemas import ProfileTable, RelationVector, Selection, Strict
 from ..selection import SelectionError, strategy_for
-from .budget import options, within_budget
+from .budget import options, steps_within, within_budget
 from .spec import DEADLINE, TIME_BALANCED, LocalWork
 
 
@@ -127,7 +127,7 @@ def balanced_steps(step_times_s: list[float], work: LocalWork) -> list[int]:
     """Local steps per device so that each trains about as long (device s) as the median device
     takes for `work.local_steps` steps; never fewer than `work.min_steps`."""
     budget_s = round_time_s(step_times_s, work)
-    return [max(work.min_steps, round(budget_s / t)) for t in step_times_s]
+    return [steps_within(budget_s, t, work.min_steps) for t in step_times_s]
 
 
 def participants(available: Sequence[str], fraction: float, seed: int, round_number: int) -> list[str]:
