@@ -43,11 +43,14 @@ def _restore_device() -> None:
         bound_device(device_id).restore()
 
 
-def _end_part(request: FinetuneRequest, event: PartEvent) -> None:
-    try:
-        store().jobs.apply(request.job_id, request.device_id, event)
-    except (Refused, JobNotFoundError) as exc:
-        logger.info("finetune %s/%s: %s refused: %s", request.job_id, request.device_id, event.kind, exc)
+def _end_part(request: FinetuneRequest, *events: PartEvent) -> None:
+    """Apply the first of `events` the part accepts (none, when it moved on), and advance it."""
+    for event in events:
+        try:
+            store().jobs.apply(request.job_id, request.device_id, event)
+            break
+        except (Refused, JobNotFoundError) as exc:
+            logger.info("finetune %s/%s: %s refused: %s", request.job_id, request.device_id, event.kind, exc)
     advance_device(request.job_id, request.device_id)
 
 
@@ -59,10 +62,13 @@ def _stopped(name: str, task_id: str, payload: Any, lease: Lease | None, what: s
     if name == TaskName.finetune.value:
         request = FinetuneRequest.model_validate(payload)
         reason = f"fine-tuning on {request.device_id} {what}"
-        if revoked:
-            kept = "; its checkpoint is kept: `edgetrain requeue` continues from it"
-            _end_part(request, AttemptCancelled(attempt=lease.attempt, reason=reason + kept) if lease
-                      else Cancelled(reason=reason, dispatch=task_id))  # fmt: skip
+        if revoked and lease is not None:
+            # the terminated process may have stopped its attempt itself first (it checkpoints on
+            # SIGTERM and puts its message back): then the part, no attempt running, is cancelled
+            reason += "; its checkpoint is kept: `edgetrain requeue` continues from it"
+            _end_part(request, AttemptCancelled(attempt=lease.attempt, reason=reason), Cancelled(reason=reason, dispatch=task_id))
+        elif revoked:
+            _end_part(request, Cancelled(reason=reason, dispatch=task_id))
         else:
             _end_part(request, Failed(reason=reason, attempt=lease.attempt if lease else None, dispatch=task_id))
     elif name == TaskName.profile_device.value:

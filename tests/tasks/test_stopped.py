@@ -7,7 +7,7 @@ import pytest
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 
 from edgetrain.common.control_axis import ControlAxis
-from edgetrain.common.jobs.events import AttemptLost, Dispatched, Identified, Requeued
+from edgetrain.common.jobs.events import AttemptLost, AttemptStopped, Dispatched, Identified, Requeued
 from edgetrain.common.jobs.state import PartState
 from edgetrain.common.keys import vector_key, vector_resource
 from edgetrain.common.payloads import JobPage, ProfileRequest, ProxyRunRequest, profile_resource
@@ -59,6 +59,24 @@ def test_a_running_fine_tune_terminated_cancels_its_part_and_keeps_its_checkpoin
     after = s.jobs.part("j1", "d1")
     assert after.state == PartState.cancelled and "terminated by an operator (SIGTERM" in after.reason
     assert "`edgetrain requeue` continues from it" in after.reason and s.liveness.lease(part.dispatch.token) is None
+
+
+def test_a_terminated_fine_tune_that_stopped_itself_first_is_still_cancelled_as_terminated(s) -> None:
+    # Terminate's SIGTERM reaches the pool process, which checkpoints, stops its attempt and puts
+    # its message back before the main process reports the termination: the part is cancelled
+    # with what the operator did (before, the attempt was gone, the report was refused, and the
+    # re-delivered message, discarded as revoked, cancelled it as "revoked before it ran")
+    job(s)
+    part = drive_part(s, "j1", "d1", PartState.finetuning, selection=CHOICE, attempt="a1")
+    s.liveness.take(Lease(task_id=part.dispatch.token, task=TaskName.finetune.value, attempt="a1", node="device-d1@h", instance=HERE,
+                          job_id="j1", device_id="d1"))  # fmt: skip
+    s.jobs.apply("j1", "d1", AttemptStopped(attempt="a1", reason="its worker is shutting down: checkpointed and stopped"))
+    payload = part.dispatch.request.model_dump(mode="json")
+    revoke(TaskName.finetune, payload, task_id=part.dispatch.token, terminated=True)
+    revoke(TaskName.finetune, payload, task_id=part.dispatch.token)  # the message put back, discarded on receipt
+    after = s.jobs.part("j1", "d1")
+    assert after.state == PartState.cancelled and "terminated by an operator (SIGTERM" in after.reason, after.reason
+    assert "`edgetrain requeue` continues from it" in after.reason
 
 
 def test_news_of_a_stopped_fine_tune_that_arrives_after_its_part_was_requeued_changes_nothing(s) -> None:
