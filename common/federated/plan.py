@@ -80,8 +80,11 @@ def assign(devices: Sequence[DeviceInRound], work: LocalWork, vector: RelationVe
     step_times_s = [s for *_, s in chosen]
     round_s = round_time_s(step_times_s, work)
     plan = [_assignment(d, c, k) for (d, c, _), k in zip(chosen, balanced_steps(step_times_s, work))]
-    if work.fleet_power_w is None or sum(a.expected_energy_j or 0.0 for a in plan) <= work.fleet_power_w * round_s:
+    if work.fleet_power_w is None:
         return plan
+    energy = [a.expected_energy_j for a in plan]
+    if None not in energy and sum(e or 0.0 for e in energy) <= work.fleet_power_w * round_s:
+        return plan  # it fits; a table without energy is refused by the re-plan, naming the device
     return _within_power(devices, work, vector, round_s)
 
 

@@ -204,8 +204,9 @@ def test_a_fleet_power_budget_no_plan_meets_names_the_field_and_the_least_it_nee
     ):
         assign(fleet, LocalWork(method="edgetrain", local_steps=10, fleet_power_w=0.01))
     without_energy = [DeviceInRound("d0", "t", None, TABLE), DeviceInRound("d1", "t", None, TABLE.model_copy(update={"energy_j": None}))]
-    with pytest.raises(SelectionError, match=r"^device d1: objective 'fleet_power' needs the energy E\[b\]\[f\] of the lookup table"):
-        assign(without_energy, LocalWork(method="edgetrain", local_steps=10, fleet_power_w=0.01))
+    for budget_w in (0.01, 1e6):  # a generous budget too: a table without energy cannot show that the plan fits
+        with pytest.raises(SelectionError, match=r"^device d1: objective 'fleet_power' needs the energy E\[b\]\[f\] of the lookup table"):
+            assign(without_energy, LocalWork(method="edgetrain", local_steps=10, fleet_power_w=budget_w))
     with pytest.raises(ValidationError, match=r"local\.fleet_power_w: applies only with method edgetrain .*, not baseline1-deadline"):
         LocalWork(method="baseline1-deadline", fleet_power_w=20.0)
 
