@@ -10,8 +10,9 @@ them: what is measured is planning and dispatch, not training).
 - paced: one single-device job per device, submitted at a rate (jobs per second);
 - burst: one job over every device at once (planned in pages by the control worker's pool).
 
-Last, on a Redis of its own, one job over 10 000 devices (`--scrape-devices`) is dispatched and
-`edgetrain exporter`'s collector scrapes it (what Prometheus waits for, in this process).
+Last, on a Redis of its own, one job over 10 000 devices (`--scrape-devices`) is dispatched and a
+real `edgetrain exporter` process is scraped over HTTP, as Prometheus scrapes it: the time to the
+last byte of /metrics, and the exporter's CPU per scrape.
 
 Latency = when a part's fine-tune was dispatched minus the job's submission time. Every part is
 checked at the end: each dispatched once, each device queue holding one fine-tune per job.
@@ -33,6 +34,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -234,19 +236,21 @@ def run(devices: int, rate: float, control_concurrency: int) -> dict:
     }  # fmt: skip
 
 
-def scrape_run(devices: int, repeat: int = 10) -> dict:
+def scrape_run(devices: int, repeat: int = 20) -> dict:
     """One job over `devices` registered devices, every fine-tune dispatched (the parts moved
-    there through the store, as the control worker would; no worker runs): (median, p99) of a
-    scrape of the exporter's collector (ms)."""
+    there through the store, as the control worker would; no worker runs), scraped over HTTP from
+    an `edgetrain exporter` process: (median, p99) of a scrape (ms), its CPU per scrape (ms) and
+    the body's size (bytes)."""
     from edgetrain.common.control_axis import ControlAxis
     from edgetrain.common.jobs.events import Dispatched, Identified
     from edgetrain.common.payloads import finetune_request
     from edgetrain.common.schemas import Selection
+    from edgetrain.common.testing.prometheus import Exporter
     from edgetrain.workers.processes.cluster import EmbeddedRedis
-    from edgetrain.workers.processes.exporter import scrape
 
     with tempfile.TemporaryDirectory() as tmp:
         server = EmbeddedRedis(Path(tmp))
+        exporter = None
         try:
             store, infos = Store.connect(server.url), fleet_infos(devices)
             for info in infos:
@@ -259,11 +263,17 @@ def scrape_run(devices: int, repeat: int = 10) -> dict:
                 request = finetune_request("scraped", spec, target, choice, "table", "vector")
                 store.jobs.apply("scraped", target.device_id, Dispatched(device=identity, token=target.device_id, request=request,
                                                                          selection=choice, estimated_time_to_accuracy_s=1.0))  # fmt: skip
-            settings = Settings(redis_url=server.url, redis_url_file=None)
-            median, p99 = timed_ms(lambda: scrape(store, settings), repeat=repeat)
+            exporter = Exporter(Path(tmp) / "exporter", server.url).start()
+            url = f"http://127.0.0.1:{exporter.port}/metrics"
+            body = urllib.request.urlopen(url, timeout=60).read()  # the first scrape warms its imports
+            cpu_before = cpu_s(exporter.process)
+            median, p99 = timed_ms(lambda: urllib.request.urlopen(url, timeout=60).read(), repeat=repeat)
+            cpu_ms = (cpu_s(exporter.process) - cpu_before) * 1e3 / repeat
         finally:
+            if exporter is not None:
+                exporter.stop()
             server.stop()
-    return {"devices": devices, "scrape_ms": {"median": median, "p99": p99}}
+    return {"devices": devices, "scrape_ms": {"median": median, "p99": p99}, "exporter_cpu_ms": cpu_ms, "bytes": len(body)}
 
 
 def put_resources(store: Store, infos: list[DeviceInfo]) -> None:
@@ -314,7 +324,8 @@ def main() -> None:
     scraped = scrape_run(args.scrape_devices)
     print(
         f"one job over {scraped['devices']} devices, every fine-tune dispatched: a scrape of the exporter takes "
-        f"{scraped['scrape_ms']['median']:.0f} ms (median), {scraped['scrape_ms']['p99']:.0f} ms (p99)"
+        f"{scraped['scrape_ms']['median']:.0f} ms (median), {scraped['scrape_ms']['p99']:.0f} ms (p99) over HTTP, "
+        f"{scraped['exporter_cpu_ms']:.0f} ms of the exporter's CPU, {scraped['bytes'] / 1e6:.1f} MB"
     )
     for small, big in zip(results, results[1:]):
         ideal = big["devices"] / small["devices"]
