@@ -16,13 +16,15 @@ The time-balanced plan is kept as it is when it fits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..schemas import ProfileTable, RelationVector, Selection
 from ..selection import SelectionError, measured_points
 
 STRATEGY = "fleet_power"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,16 @@ def _slope(a: tuple[Option, int], b: tuple[Option, int]) -> float:
     return (b[0].progress * b[1] - a[0].progress * a[1]) / (b[0].step_j * b[1] - a[0].step_j * a[1])
 
 
+def _per_options(device_options: Sequence[Sequence[Option]], compute: Callable[[Sequence[Option]], T]) -> list[T]:
+    """`compute(options)` for each device, once per distinct options list (the devices of one
+    type under one cap are given the same list)."""
+    done: dict[int, T] = {}
+    for opts in device_options:
+        if id(opts) not in done:
+            done[id(opts)] = compute(opts)
+    return [done[id(opts)] for opts in device_options]
+
+
 def within_budget(device_options: Sequence[Sequence[Option]], allowed_j: float, min_steps: int, round_s: float) -> list[tuple[Option, int]]:
     """The plan whose steps take at most `allowed_j` (J) with the most progress the greedy
     finds: every device starts at its least energy, and the hulls' moves are taken in order of
@@ -89,9 +101,7 @@ def within_budget(device_options: Sequence[Sequence[Option]], allowed_j: float, 
     but as many more steps as fit when the move only adds steps of the same option); what is
     left is then spent (`spend_rest`). SelectionError naming `local.fleet_power_w` when
     even the least energy of every device is more."""
-    distinct = {id(opts): opts for opts in device_options}  # devices given the same options share a hull
-    shared = {key: hull(opts, min_steps) for key, opts in distinct.items()}
-    hulls = [shared[id(opts)] for opts in device_options]
+    hulls = _per_options(device_options, lambda opts: hull(opts, min_steps))
     plan = [h[0] for h in hulls]
     least_j = energy_j(plan)
     if least_j > allowed_j:
@@ -122,9 +132,8 @@ def spend_rest(
     """`plan` with what `allowed_j` (J) leaves spent: one device after another (most progress
     per joule first) takes the (b, f) and steps that add the most progress within what is left."""
     plan, left_j = list(plan), allowed_j - energy_j(plan)
-    distinct = {id(opts): opts for opts in device_options}
-    best_rate = {key: max(o.progress / o.step_j for o in opts) for key, opts in distinct.items()}
-    order = sorted(range(len(plan)), key=lambda i: -best_rate[id(device_options[i])])
+    best_rate = _per_options(device_options, lambda opts: max(o.progress / o.step_j for o in opts))
+    order = sorted(range(len(plan)), key=lambda i: -best_rate[i])
     for i in order:
         current, k = plan[i]
         spent_j, made = current.step_j * k, current.progress * k
