@@ -44,16 +44,22 @@ def steps_within(round_s: float, step_s: float, min_steps: int) -> int:
     return max(min_steps, round(round_s / step_s))
 
 
+def per_step(table: ProfileTable, values: list[list[float | None]] | None, choice: Selection) -> float | None:
+    """A table value for N_s samples at the chosen point, per step of its batch size."""
+    if values is None:
+        return None
+    value = values[table.batch_sizes.index(choice.batch_size)][table.frequencies_hz.index(choice.frequency_hz)]
+    return None if value is None else value * choice.batch_size / table.samples
+
+
 def options(table: ProfileTable, cap_w: float | None, vector: RelationVector, round_s: float, min_steps: int) -> list[Option]:
     """Every measured (b, f) of `table` under the cap `cap_w` (W) with its per-step figures
     (SelectionError without energy in the table or without a point under the cap)."""
     found = []
     for s in measured_points(STRATEGY, table, vector, cap_w):
-        i, j = table.batch_sizes.index(s.batch_size), table.frequencies_hz.index(s.frequency_hz)
-        time_s, energy_j, ratio = table.time_s[i][j], table.energy_j[i][j], vector.ratio(s.batch_size)  # type: ignore[index]
-        assert time_s is not None and energy_j is not None and ratio is not None, "measured_points returns measured points"
-        per_sample = s.batch_size / table.samples
-        found.append(Option(s, energy_j * per_sample, s.batch_size / ratio, steps_within(round_s, time_s * per_sample, min_steps)))
+        step_s, step_j, ratio = per_step(table, table.time_s, s), per_step(table, table.energy_j, s), vector.ratio(s.batch_size)
+        assert step_s is not None and step_j is not None and ratio is not None, "measured_points returns measured points"
+        found.append(Option(s, step_j, s.batch_size / ratio, steps_within(round_s, step_s, min_steps)))
     return found
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..schemas import ProfileTable, RelationVector, Selection, Strict
 from ..selection import SelectionError, strategy_for
-from .budget import options, steps_within, within_budget
+from .budget import options, per_step, steps_within, within_budget
 from .spec import DEADLINE, TIME_BALANCED, LocalWork
 
 
@@ -51,14 +51,6 @@ class DeviceInRound:
     power_cap_w: float | None
     table: ProfileTable
     power_envelope_w: list[float] | None = None
-
-
-def per_step(table: ProfileTable, values: list[list[float | None]] | None, choice: Selection) -> float | None:
-    """A table value for N_s samples at the chosen point, per step of its batch size."""
-    if values is None:
-        return None
-    value = values[table.batch_sizes.index(choice.batch_size)][table.frequencies_hz.index(choice.frequency_hz)]
-    return None if value is None else value * choice.batch_size / table.samples
 
 
 def assign(devices: Sequence[DeviceInRound], work: LocalWork, vector: RelationVector | None = None) -> list[Assignment]:
