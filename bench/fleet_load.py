@@ -17,7 +17,8 @@ last byte of /metrics, and the exporter's CPU per scrape.
 Latency = when a part's fine-tune was dispatched minus the job's submission time. Every part is
 checked at the end: each dispatched once, each device queue holding one fine-tune per job.
 What each paced job costs: the control worker's CPU (its main process and pool children) and
-the commands Redis runs (the fleet's heartbeats taken out), divided by the paced jobs. Runs
+the commands Redis runs (the fleet's heartbeats taken out: what one costs, measured while idle,
+times those sent meanwhile), divided by the paced jobs. Runs
 the three sizes by default, each on its own Redis, and prints how each figure grows.
 
     python bench/fleet_load.py [--sizes 500 2000 10000] [--rates 25 100 250] [--control-concurrency 2]
@@ -89,10 +90,12 @@ class Heartbeats(threading.Thread):
     def __init__(self, store: Store, infos: list[DeviceInfo]):
         super().__init__(daemon=True)
         self.store, self.infos, self.stopped = store, infos, threading.Event()
+        self.sent = 0  # heartbeats sent so far
 
     def beat(self) -> None:
         for info in self.infos:
             self.store.fleet.register(info, HEARTBEAT_TTL_S, f"bench:{info.device_id}")
+            self.sent += 1
 
     def run(self) -> None:
         while not self.stopped.wait(HEARTBEAT_S):
@@ -193,11 +196,12 @@ def run(devices: int, rate: float, control_concurrency: int) -> dict:
         fleet_bytes = used_memory(store) - empty
         put_resources(store, infos)
 
-        idle_before, idle_started = redis_work(store), time.perf_counter()
+        idle_before, idle_sent, idle_started = redis_work(store), heartbeats.sent, time.perf_counter()
         time.sleep(HEARTBEAT_S + 0.5)  # a whole heartbeat period: what the fleet alone costs Redis
         idle_after, idle_s = redis_work(store), time.perf_counter() - idle_started
+        per_heartbeat = (idle_after[0] - idle_before[0]) / max(1, heartbeats.sent - idle_sent)  # commands (and the idle control worker's)
         control = cluster.worker("control").process
-        before_jobs, work_before, control_before = used_memory(store), redis_work(store), cpu_s(control)
+        before_jobs, work_before, control_before, paced_sent = used_memory(store), redis_work(store), cpu_s(control), heartbeats.sent
         started = time.perf_counter()
         paced = []
         for k, info in enumerate(infos):
@@ -205,7 +209,7 @@ def run(devices: int, rate: float, control_concurrency: int) -> dict:
             paced.append(client.submit(job_spec([info])))
         wait_dispatched(store, paced, len(infos))
         paced_s = time.perf_counter() - started
-        work_after, control_after = redis_work(store), cpu_s(control)
+        work_after, control_after, heartbeats_paced = redis_work(store), cpu_s(control), heartbeats.sent - paced_sent
         statuses = [store.jobs.status(j) for j in paced]
         paced_latency = [x for s in statuses for x in dispatch_latencies_s(s)]
         per_job_bytes = (used_memory(store) - before_jobs) / len(paced)
@@ -231,7 +235,7 @@ def run(devices: int, rate: float, control_concurrency: int) -> dict:
         "status_ms": {"median": status_ms[0], "p99": status_ms[1]}, "fleet_ms": {"median": fleet_ms[0], "p99": fleet_ms[1]},
         "redis_bytes_per_device": fleet_bytes / devices, "redis_bytes_per_job": per_job_bytes,
         "redis_cpu_idle": (idle_after[1] - idle_before[1]) / idle_s, "redis_cpu_paced": (work_after[1] - work_before[1]) / paced_s,
-        "redis_commands_per_job": ((work_after[0] - work_before[0]) - (idle_after[0] - idle_before[0]) / idle_s * paced_s) / devices,
+        "redis_commands_per_job": ((work_after[0] - work_before[0]) - per_heartbeat * heartbeats_paced) / devices,
         "control_cpu_ms_per_job": (control_after - control_before) / devices * 1e3,
     }  # fmt: skip
 
