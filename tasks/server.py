@@ -111,14 +111,15 @@ def aggregate_when_complete(request: EstimationRequest) -> None:
 
 # a run whose pool child died is not sent again: it fails the vector (stopped.py)
 @app.task(name=TaskName.train_proxy.value, bind=True, pydantic=True, reject_on_worker_lost=False)
-def train_proxy(self: Task, run: ProxyRunRequest) -> TrainingOutcome | None:
+def train_proxy(self: Task, run: ProxyRunRequest) -> TrainingOutcome | str:
     """Train on the proxy dataset with one batch size and seed until the target accuracy. A
-    run whose estimation ended (the vector is stored, or failed) is skipped (None); a run the
-    server pool did not send (`run_refusal`) is refused and changes nothing."""
+    run whose estimation ended (the vector is stored, or failed) is skipped, and its result
+    says so (Flower shows it: the task succeeded without training); a run the server pool did
+    not send (`run_refusal`) is refused and changes nothing."""
     if estimation_ended(run.request):
-        logger.info("train_proxy b=%s seed=%s skipped: relation vector %s is no longer being estimated",
-                    run.batch_size, run.seed, vector_key(run.request))  # fmt: skip
-        return None
+        skipped = f"skipped b={run.batch_size} seed={run.seed}: relation vector {vector_key(run.request)} is no longer being estimated"
+        logger.info("train_proxy %s", skipped)
+        return skipped
     if refusal := run_refusal(run):
         logger.warning("train_proxy: %s", refusal)
         raise TaskFailed(refusal)

@@ -84,5 +84,6 @@ def test_a_proxy_run_whose_process_died_fails_the_vector_and_its_other_runs_are_
     failure = s.coordination.failure(resource)
     assert failure is not None and failure.reason.startswith("proxy training b=16 seed=0 its process died") and failure.for_job("j1")
     monkeypatch.setattr(server, "run_proxy", lambda *a: pytest.fail("a run of a failed estimation trained"))
-    assert train_proxy(ProxyRunRequest.model_validate(runs[1].payload)) is None
+    skipped = train_proxy(ProxyRunRequest.model_validate(runs[1].payload))
+    assert skipped == f"skipped b=64 seed=0: relation vector {vector_key(request)} is no longer being estimated"  # what Flower shows
     assert s.resources.vector_parts(vector_key(request)) == []
