@@ -34,7 +34,7 @@ class TaskName(str, Enum):
     profile_device = "edgetrain.profile_device"  # ProfileRequest -> ProfileResult
     finetune = "edgetrain.finetune"  # FinetuneRequest -> RunReport
     estimate_relation_vector = "edgetrain.estimate_relation_vector"  # EstimationRequest -> EstimateResult
-    train_proxy = "edgetrain.train_proxy"  # ProxyRunRequest -> TrainingOutcome
+    train_proxy = "edgetrain.train_proxy"  # ProxyRunRequest -> TrainingOutcome (or why it was skipped)
     pretrain = "edgetrain.pretrain"  # PretrainRequest -> PretrainResult
     federated_advance = "edgetrain.federated_advance"  # payload: the federated job id
     federated_train = "edgetrain.federated_train"  # TrainRequest -> the update's acceptance
