@@ -237,9 +237,10 @@ class ClosedLoop:
 
     def _threshold(self) -> float | None:
         """The predicted gain a switch needs now; None when none may happen now (an exploration
-        not measured yet: with a batch size to match against, up to the samples planned, which
-        its cost bound covers; without, until its own solo run measures it at the target; while
-        the run is at the explored batch size; the dwell, the switch budget)."""
+        not compared yet: with a batch size to match against, until the samples planned,
+        measured or not (an early match misleads), which its cost bound covers; without, until
+        its own solo run measures it at the target; while the run is at the explored batch
+        size; the dwell, the switch budget)."""
         s = self.settings
         if self._exploring is not None:
             assert self.belief is not None
@@ -247,8 +248,8 @@ class ClosedLoop:
             measured = explored in self.belief.measured
             moved = self.adaptive.trainer.batch_size != explored  # the cap made it infeasible: `Pinned` fell back
             planned = self._exploring.measure_by_samples
-            if not measured and not moved and (planned is None or self.adaptive.trainer.samples < planned):
-                return None
+            if not moved and (self.adaptive.trainer.samples < planned if planned is not None else not measured):
+                return None  # measured or not, a planned exploration runs its planned samples: an early match misleads
             why_not = "the cap moved the run off it" if moved else "its N_b was not measured in the samples planned"
             self._ended_exploration(None if measured else why_not)
             return s.policy.min_gain

@@ -16,8 +16,12 @@ t_b = T[b][f*_b] / N_s. Then, with N_b on the belief's scale:
 - **Exploit**: the safe candidate with the least expected time t_b * N_b.
 - **Explore**: a batch size no run on this data measured, whose optimistic time (the fewest
   samples the data allows) beats the exploit choice by `min_gain`, run from the first sample
-  so that its solo curve measures its N_b against a measured one (`measure_evaluations`
-  evaluations, common/finetune/learned.py: warp matching). It runs only while what it may cost the job
+  so that its solo curve measures its N_b against a measured one (common/finetune/learned.py:
+  warp matching) over `measure_evaluations` evaluations and at least `measure_share` of the
+  exploit choice's expected samples: early in a run a small batch's test loss falls faster per
+  sample than it goes on to, so a match of the first evaluations of a long run ranks small
+  batches too well, and the exploration is compared only at the end of that window. It runs
+  only while what it may cost the job
   stays inside `budget` of the exploit choice's expected time: samples run at it that turn out
   slower count at most (t_e - t_x * N_x / N_e,worst) each (a solo run's progress is the same
   test loss whatever the batch, so the samples are not lost, only their speed), plus one
@@ -29,6 +33,7 @@ t_b = T[b][f*_b] / N_s. Then, with N_b on the belief's scale:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
@@ -101,6 +106,14 @@ class ExplorationPolicy:
     budget: float = 0.03
     min_gain: float = 0.03
     measure_evaluations: int = 6
+    measure_share: float = 0.15  # of the exploit choice's expected samples: an earlier match ranks small batches too well
+
+    def measure_by(self, x: Candidate, eval_every_samples: int) -> int:
+        """The samples an exploration runs before its N_b is compared with the exploit choice
+        `x`'s: `measure_evaluations` evaluations, and at least `measure_share` of `x`'s
+        expected samples (whole evaluation intervals)."""
+        share = math.ceil(self.measure_share * x.estimate.samples / eval_every_samples)
+        return max(self.measure_evaluations, share) * eval_every_samples
 
     def safe(self, c: Candidate, baseline1_per_sample_s: float, largest: Estimate) -> bool:
         """Whether `c`'s worst case is at most `bound` over Baseline 1's time."""
@@ -124,7 +137,7 @@ class ExplorationPolicy:
         for e in sorted(found, key=lambda c: c.optimistic_s):
             if e.batch_size in partners or e.batch_size == x.batch_size or e.optimistic_s >= x.expected_s * (1 - self.min_gain):
                 continue
-            samples = self.measure_evaluations * eval_every_samples
+            samples = self.measure_by(x, eval_every_samples)
             if partners - {e.batch_size}:
                 worst_progress = x.estimate.samples / e.estimate.high  # x's samples per sample at e, at e's worst N_b
                 cost_s = samples * max(0.0, e.per_sample_s - x.per_sample_s * worst_progress) + eval_every_samples * x.per_sample_s

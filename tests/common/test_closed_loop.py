@@ -301,6 +301,21 @@ def test_an_explored_batch_size_measured_slower_is_left_for_the_exploit_choice()
     assert loop.exploration is not None and "left" in loop.exploration.outcome and outcome.reached
 
 
+def test_an_exploration_measured_early_runs_on_to_the_samples_planned_before_it_is_compared() -> None:
+    # as above, with a window of half the exploit choice's expected samples: the curves match
+    # after a few evaluations, yet the run stays at b=32 until the planned samples (an early
+    # match ranks small batches too well), and only then leaves it for b=8
+    truth = {8: P0 * math.log(100) / 5000, 32: P0 * math.log(100) / 8000, 128: P0 * math.log(100) / 10000}
+    records = [solo_record(8, "one", efficiency=truth[8]), solo_record(128, "two", efficiency=truth[128])]
+    settings = LoopSettings(policy=ExplorationPolicy(budget=0.5, measure_share=0.5))
+    loop, adaptive, outcome, *_ = run_loop(records, efficiency=truth, table=SLOW_SMALL, settings=settings)
+    report = loop.exploration
+    assert report is not None and report.measure_by_samples is not None and report.measure_by_samples > 6 * 256
+    [switch] = in_run(adaptive)
+    assert (switch.old_batch_size, switch.new_batch_size) == (32, 8) and switch.samples >= report.measure_by_samples
+    assert report.measured_at_samples == switch.samples and "left" in report.outcome and outcome.reached
+
+
 def test_an_exploration_not_measured_in_the_samples_planned_is_given_up_there() -> None:
     # as above, but b=32 diverges on this data (its test loss grows), so its curve never matches
     # the records': its cost bound counts the 6 evaluations planned, and the loop gives it up at

@@ -2,12 +2,13 @@
 as pure functions: solo curves in (a stretched test-loss curve per batch size, as solo runs on
 one data give), estimates, intervals and choices out."""
 
+import dataclasses
 import math
 
 import pytest
 
 from edgetrain.common.finetune.belief import PAPER_TRUST, belief
-from edgetrain.common.finetune.exploration import ExplorationPolicy, baseline1_per_sample_s, candidates
+from edgetrain.common.finetune.exploration import Candidate, ExplorationPolicy, baseline1_per_sample_s, candidates
 from edgetrain.common.finetune.learned import DataIdentity, FinetuneRecord, Segment
 from edgetrain.common.finetune.trust import PAPER_WEIGHT, ProxyCheck, proxy_check, trust_width
 from edgetrain.common.schemas import LearningRatePolicy, ProfileTable, RelationVector
@@ -133,3 +134,14 @@ def test_nothing_is_explored_without_a_measured_partner_unless_its_whole_worst_c
         and generous.measure_by_samples is None
         and "no run measured another batch size" in generous.selection.note
     )
+
+
+def test_an_exploration_is_measured_over_a_share_of_a_long_run_and_over_six_evaluations_of_a_short_one() -> None:
+    tbl = table({16: 0.0020, 32: 0.0015, 64: 0.00110, 128: 0.0010})
+    x = next(c for c in candidates(tbl, None, belief([solo(32), solo(128)], PRIOR), "closed_loop") if c.batch_size == 128)
+    policy = ExplorationPolicy()
+    long = Candidate(x.selection, x.per_sample_s, dataclasses.replace(x.estimate, samples=20_000.0))
+    assert policy.measure_by(long, 256) == 12 * 256  # 15 % of 20 000 samples, in whole intervals
+    short = Candidate(x.selection, x.per_sample_s, dataclasses.replace(x.estimate, samples=2_000.0))
+    assert policy.measure_by(short, 256) == 6 * 256
+    assert ExplorationPolicy(measure_share=0.0).measure_by(long, 256) == 6 * 256
