@@ -5,9 +5,10 @@ initialisation), a proxy dataset and its target accuracy, a target dataset, its 
 target accuracy, two device twins with their caps, and a set of batch sizes. "related" settings
 pre-train on Fashion-MNIST and fine-tune on handwritten digits with another set of digits as the
 proxy; "poor" settings start from a seeded initialisation, with a proxy of another kind (digits
-for clothes, clothes for digits). Seeds 0-3 are for tuning, 100-105 are held out: no rule or
-number in common/finetune/belief.py, common/finetune/exploration.py, common/finetune/trust.py or common/finetune/closed_loop.py
-was chosen on them.
+for clothes, clothes for digits). Seeds 0-3, 100-105 and 200-205 were used for tuning; 300-305
+are held out (`--held-out`): no rule or number in common/finetune/belief.py,
+common/finetune/exploration.py, common/finetune/trust.py or common/finetune/closed_loop.py was
+chosen on them.
 
 For each setting, real training (cached by bench/runs.py): the pre-trained weights, the proxy's
 N_b (2 seeds: the server pool's vector) and the target's solo runs at every batch size (one per
@@ -31,7 +32,7 @@ twins), the same for every method.
 Compared per job, like for like on the same seed: Baseline 1, the paper's plain equation (4)
 on the proxy's vector, and the oracle (equation (4) on the target's N_b over the job seeds).
 
-    python -m bench.exploration [--seeds 0 1 2 3 | --held-out] [--jobs 5] [--json OUT] [--verbose]
+    python -m bench.exploration [--seeds 0 1 2 3 ... | --held-out] [--jobs 5] [--json OUT] [--verbose]
                                 [--processes N] [--prepare-only]
 
 `--processes N` computes the missing cached runs of every chosen seed first, in N worker
@@ -62,8 +63,8 @@ from edgetrain.common.tables import rows_of
 from edgetrain.common.testing.devices import ReplayDevice
 from edgetrain.common.training import DeviceTotals, train_to_accuracy
 
-TUNING_SEEDS = [0, 1, 2, 3]
-HELD_OUT_SEEDS = [100, 101, 102, 103, 104, 105]
+TUNING_SEEDS = [0, 1, 2, 3, 100, 101, 102, 103, 104, 105, 200, 201, 202, 203, 204, 205]
+HELD_OUT_SEEDS = [300, 301, 302, 303, 304, 305]
 MODEL = "smallcnn"
 CAPS = {"jetson-nano": [3.5, 5.0, None], "jetson-tx2-nx": [5.0, 6.0, None], "jetson-orin-nano": [8.0, 9.5, None]}
 BATCH_SETS = [[4, 8, 16, 32, 64, 128], [8, 16, 32, 64, 128], [16, 32, 64, 128], [8, 16, 32, 64]]
