@@ -3,6 +3,8 @@ and pre-training."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Task
 from celery.utils.log import get_task_logger
 
@@ -17,7 +19,7 @@ from edgetrain.common.payloads import (
     PretrainResult,
     ProxyRunRequest,
 )
-from edgetrain.common.schemas import EstimationRequest, TrainingOutcome
+from edgetrain.common.schemas import EstimationRequest
 from edgetrain.common.security import RefusedError
 
 from .app import app
@@ -111,11 +113,12 @@ def aggregate_when_complete(request: EstimationRequest) -> None:
 
 # a run whose pool child died is not sent again: it fails the vector (stopped.py)
 @app.task(name=TaskName.train_proxy.value, bind=True, pydantic=True, reject_on_worker_lost=False)
-def train_proxy(self: Task, run: ProxyRunRequest) -> TrainingOutcome | str:
-    """Train on the proxy dataset with one batch size and seed until the target accuracy. A
-    run whose estimation ended (the vector is stored, or failed) is skipped, and its result
-    says so (Flower shows it: the task succeeded without training); a run the server pool did
-    not send (`run_refusal`) is refused and changes nothing."""
+def train_proxy(self: Task, run: ProxyRunRequest) -> dict[str, Any] | str:
+    """Train on the proxy dataset with one batch size and seed until the target accuracy; the
+    result is its `TrainingOutcome` as JSON (dumped here: Celery dumps a model only for a task
+    annotated to return that model alone). A run whose estimation ended (the vector is stored,
+    or failed) is skipped, and its result says so (Flower shows it: the task succeeded without
+    training); a run the server pool did not send (`run_refusal`) is refused and changes nothing."""
     if estimation_ended(run.request):
         skipped = f"skipped b={run.batch_size} seed={run.seed}: relation vector {vector_key(run.request)} is no longer being estimated"
         logger.info("train_proxy %s", skipped)
@@ -138,7 +141,7 @@ def train_proxy(self: Task, run: ProxyRunRequest) -> TrainingOutcome | str:
         raise TaskFailed(reason) from exc
     if s.resources.put_vector_part(key, outcome) >= len(grid(request)):
         aggregate_when_complete(request)
-    return outcome
+    return outcome.model_dump(mode="json")
 
 
 @app.task(name=TaskName.pretrain.value, pydantic=True)
