@@ -33,7 +33,11 @@ Compared per job, like for like on the same seed: Baseline 1, the paper's plain 
 on the proxy's vector, and the oracle (equation (4) on the target's N_b over the job seeds).
 
     python -m bench.exploration [--seeds 0 1 2 3 ... | --held-out] [--jobs 5] [--json OUT] [--verbose]
-                                [--processes N] [--prepare-only]
+                                [--processes N] [--prepare-only] [--together shown|hidden]
+
+`--together` runs the rows of a round at the same time, as the devices of one job on the same
+data: each job sees the records of earlier rounds and, with "shown", the starts of the rows
+before it in the round (what the fleet shows of a run at its start), not their curves.
 
 `--processes N` computes the missing cached runs of every chosen seed first, in N worker
 processes of one thread each; `--prepare-only` stops there.
@@ -216,11 +220,12 @@ class CurveTrainer:
 
 def replay(curves: Curves, tbl: ProfileTable, cap: float | None, envelope: list[float], prior: RelationVector,
            records: list[FinetuneRecord], trust: float, seed: int, index: int, row: tuple[str, float | None],
-           settings: LoopSettings) -> Job:  # fmt: skip
+           settings: LoopSettings, started: dict[str, FinetuneRecord] | None = None) -> Job:  # fmt: skip
     """One edgetrain job: the product's closed loop (common/finetune/closed_loop.py) around the cap
     control (common/finetune/adaptive.py) on a replayed table (SIMULATED time and power), training a
     CurveTrainer to the target as a fine-tune trains, starting from equation (4)'s choice on the
-    prior as a job's devices do."""
+    prior as a job's devices do. `started`, when given, gets the partial record the job shows
+    at its start (what the jobs that start meanwhile see of it)."""
     st, lr = curves.setting, LearningRatePolicy()
     initial = Equation4(prior).choose(tbl, cap)
     trainer = CurveTrainer(curves, seed, initial.batch_size)
@@ -232,7 +237,8 @@ def replay(curves: Curves, tbl: ProfileTable, cap: float | None, envelope: list[
     identity = RecordIdentity(record_id=f"{row}:{index}", model=MODEL, weights=curves.weights, data=data,
                               target_accuracy=st.target.accuracy, lr=lr, eval_every_samples=EVAL_EVERY,
                               device_type=row[0], seed=seed)  # fmt: skip
-    loop = ClosedLoop(adaptive, prior, lambda: records, identity, settings, trust=trust, power_envelope_w=envelope)
+    shown = (lambda r: started.setdefault(r.record_id, r)) if started is not None else (lambda _: None)
+    loop = ClosedLoop(adaptive, prior, lambda: records, identity, settings, trust=trust, power_envelope_w=envelope, publish=shown)
     run = DeviceTotals()
     choice = loop.start(run)
     if choice is None:
@@ -278,8 +284,13 @@ class Outcome:
         return None if other is None else self.job.time_s / other
 
 
-def run_setting(st: Setting, jobs: int, history: dict[str, list[ProxyCheck]], loop: LoopSettings, log: Any) -> list[Outcome]:
-    """Every row's sequence of `jobs` jobs on the setting's data (see the module docstring)."""
+def run_setting(st: Setting, jobs: int, history: dict[str, list[ProxyCheck]], loop: LoopSettings, log: Any,
+                together: str = "") -> list[Outcome]:  # fmt: skip
+    """Every row's sequence of `jobs` jobs on the setting's data (see the module docstring).
+    `together` "shown": the rows of a round start at the same time, as the devices of one job:
+    each sees the records of earlier rounds and the starts of the rows before it in the round
+    (as a fleet shows a run's start at once), not their curves; "hidden": the same, the starts
+    not shown (the product before it showed them)."""
     weights = st.weights_url()
     b_sizes = list(st.batch_sizes)
     prior = vector(MODEL, weights, st.proxy.dataset, st.proxy.accuracy, [0, 1], b_sizes)
@@ -291,11 +302,15 @@ def run_setting(st: Setting, jobs: int, history: dict[str, list[ProxyCheck]], lo
     records: list[FinetuneRecord] = []
     outcomes = []
     for k in range(jobs):
+        started: dict[str, FinetuneRecord] = {}
+        earlier = list(records)
         for twin, cap in st.rows:
             tbl = rows_of(table(twin), b_sizes)
             envelope = load_twin(twin).full_load_power_w
             trust = trust_width(others)
-            job = replay(curves, tbl, cap, envelope, prior, records, trust, k, k + 1, (twin, cap), loop)
+            seen = [*earlier, *started.values()] if together else records
+            job = replay(curves, tbl, cap, envelope, prior, seen, trust, k, k + 1, (twin, cap), loop,
+                         started if together == "shown" else None)  # fmt: skip
             records.append(job.record)
             oracle = Oracle(target_vector).choose(tbl, cap)
             plain = Equation4(prior).choose(tbl, cap)
@@ -383,6 +398,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="every job's line")
     parser.add_argument("--processes", type=int, default=0, help="compute the missing cached runs in N processes first")
     parser.add_argument("--prepare-only", action="store_true", help="compute the cached runs and stop")
+    parser.add_argument(
+        "--together",
+        choices=["shown", "hidden"],
+        default="",
+        help="the rows of a round start at once (one job over several devices), their starts shown to each other or not",
+    )
     args = parser.parse_args(argv)
     seeds = HELD_OUT_SEEDS if args.held_out else args.seeds
     if args.processes or args.prepare_only:
@@ -403,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:
         st = settings(seed)
         print(st.name, flush=True)
-        outcomes += run_setting(st, args.jobs, history, loop, log)
+        outcomes += run_setting(st, args.jobs, history, loop, log, args.together)
     result = summary(outcomes)
     print(json.dumps(result, indent=2))
     if args.json:

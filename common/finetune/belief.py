@@ -8,7 +8,8 @@ Three kinds of knowledge, weakest first:
 - monotonicity: N_b never falls as b grows (every vector measured here), so measured batch
   sizes bound the ones between and beside them: a measured r_32 and r_128 bound r_64 (where
   seed noise made measured N_b fall as b grows, they are pooled first so the bounds never cross);
-- solo runs on this data (common/finetune/learned.py): N_b measured, within the spread between seeds.
+- solo runs on this data (common/finetune/learned.py): N_b measured, within the spread between seeds;
+  a batch size that a running fine-tune trains solo now is being measured (`measuring`).
 
 The interval of an unmeasured batch size is the prior's, cut by the monotone bounds; its point
 estimate is the prior's, moved inside the interval; its `optimistic` value, the fewest samples
@@ -21,11 +22,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ..schemas import RelationVector
-from .learned import FinetuneRecord, prior_samples, relative_samples
+from .learned import FinetuneRecord, measuring, prior_samples, relative_samples
 
 SEED_SPREAD = 0.06  # relative spread of a measured N_b between seeds when the records show none (5-15 % measured here)
 PAPER_TRUST = 0.08  # the proxy's r_b trusted within 8 %: equation (4) within 8 % of the oracle in the paper's results
@@ -63,6 +64,7 @@ class Belief:
     estimates: dict[int, Estimate]
     records: int
     trust_width: float
+    measuring: dict[int, str] = field(default_factory=dict)  # unmeasured batch sizes runs train solo now -> one such run's record id
 
     @property
     def measured(self) -> frozenset[int]:
@@ -83,7 +85,8 @@ class Belief:
         top = max((e.samples for e in self.estimates.values()), default=1.0)
         marks = {"measured": "", "bounded": "~", "prior": "?"}
         each = ", ".join(f"{b}: {marks[e.source]}{e.samples / top:.2f}" for b, e in sorted(self.estimates.items()))
-        return f"r_b {each} (? the proxy's within {self.trust_width:.0%}, ~ bounded by measured neighbours; {self.records} record(s))"
+        now = "".join(f"; b={b} being measured by {r}" for b, r in sorted(self.measuring.items()))
+        return f"r_b {each} (? the proxy's within {self.trust_width:.0%}, ~ bounded by measured neighbours; {self.records} record(s){now})"
 
 
 def belief(records: Sequence[FinetuneRecord], prior: RelationVector, trust_width: float = PAPER_TRUST) -> Belief:
@@ -114,7 +117,8 @@ def belief(records: Sequence[FinetuneRecord], prior: RelationVector, trust_width
         source: Source = "bounded" if below and above else "prior"
         estimates[b] = Estimate(b, min(max(point, bounded_low), bounded_high), bounded_low, bounded_high, source,
                                 optimistic=floor if below else bounded_low)  # fmt: skip
-    return Belief(estimates=dict(sorted(estimates.items())), records=len(records), trust_width=trust_width)
+    running = {b: r for b, r in measuring(records).items() if b not in known}
+    return Belief(estimates=dict(sorted(estimates.items())), records=len(records), trust_width=trust_width, measuring=running)
 
 
 def _monotone(known: dict[int, Estimate]) -> dict[int, tuple[float, float]]:

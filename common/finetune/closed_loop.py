@@ -17,7 +17,10 @@ expected configuration whose worst case is safe against Baseline 1, or a batch s
 this data measured that may be faster still, explored within the job's budget: it runs from the
 first sample, its solo curve measures its N_b against a measured one (given up, unmeasured, at
 the samples planned: what its cost bound covers), and then the run keeps the faster of it and
-the exploit choice. At every evaluation the belief is updated and the run
+the exploit choice. The run shows its start (its batch size) to the runs on the same data at
+once, before its first evaluation, and an exploration leaves out a batch size another run there
+measures now: the devices of one job, and jobs at the same time, measure different candidates.
+At every evaluation the belief is updated and the run
 switches to another batch size (the frequency at a batch size follows the cap and the power
 guard) when the new choice is predicted faster than the running one by more than `hysteresis`
 (`min_gain` once an exploration is measured), after `min_dwell_evaluations` at the running one,
@@ -130,6 +133,7 @@ class ClosedLoop:
         except (SelectionError, ValueError):
             self.adaptive.strategy = strategy
             return None
+        self.publish(self.identity.starting(choice.selection.batch_size, choice.selection.frequency_hz, self._start_cap_w))
         if choice.role == "explore":
             self._exploring = choice
             partners = sorted(self.belief.measured - {choice.selection.batch_size})

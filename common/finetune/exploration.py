@@ -29,12 +29,15 @@ t_b = T[b][f*_b] / N_s. Then, with N_b on the belief's scale:
   measured in those samples, so the bound covers all it may run. Without a measured batch size to
   match it against, a candidate is explored only when its whole worst case fits the budget.
   Once measured, the loop keeps the faster of it and the exploit choice (common/finetune/closed_loop.py).
+- **Spread**: a batch size that another run on this data trains solo now (its N_b is being
+  measured: devices of the same job, or jobs at the same time) is not explored again; the next
+  candidate is, within the same budget, so several devices measure several candidates at once.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -128,14 +131,18 @@ class ExplorationPolicy:
 
     def choose(self, found: Sequence[Candidate], baseline1_per_sample_s: float, belief: Belief, eval_every_samples: int,
                explore: bool = True) -> Choice:  # fmt: skip
-        """The exploit choice, or a batch size worth exploring within the budget (`explore`)."""
+        """The exploit choice, or a batch size worth exploring within the budget (`explore`):
+        not one that another run on this data measures now (`belief.measuring`), so the devices
+        of a job, or jobs at the same time, measure different ones."""
         x = self.exploit(found, baseline1_per_sample_s)
         exploit = x.selection.model_copy(update={"note": _exploit_note(x)})
         if not explore:
             return Choice(exploit, "exploit", exploit)
-        partners = belief.measured
+        partners, elsewhere = belief.measured, belief.measuring
         for e in sorted(found, key=lambda c: c.optimistic_s):
             if e.batch_size in partners or e.batch_size == x.batch_size or e.optimistic_s >= x.expected_s * (1 - self.min_gain):
+                continue
+            if e.batch_size in elsewhere:
                 continue
             samples = self.measure_by(x, eval_every_samples)
             if partners - {e.batch_size}:
@@ -146,7 +153,7 @@ class ExplorationPolicy:
                 cost_s, measured_by = e.per_sample_s * e.estimate.high - x.expected_s, None
             cost = cost_s / x.expected_s
             if cost <= self.budget:
-                note = _explore_note(e, x, cost, measured_by, partners)
+                note = _explore_note(e, x, cost, measured_by, partners, elsewhere)
                 return Choice(e.selection.model_copy(update={"note": note}), "explore", exploit, measured_by, max(cost, 0.0))
         return Choice(exploit, "exploit", exploit)
 
@@ -155,12 +162,14 @@ def _exploit_note(x: Candidate) -> str:
     return f"b={x.batch_size}: the fastest expected that is safe against Baseline 1 ({x.estimate.describe()})"
 
 
-def _explore_note(e: Candidate, x: Candidate, cost: float, measured_by: int | None, partners: frozenset[int]) -> str:
+def _explore_note(e: Candidate, x: Candidate, cost: float, measured_by: int | None, partners: frozenset[int],
+                  elsewhere: Mapping[int, str]) -> str:  # fmt: skip
     gain = 1 - e.optimistic_s / x.expected_s
     how = (f"its solo curve is matched against b={sorted(partners - {e.batch_size})} by {measured_by} samples"
            if measured_by else "no run measured another batch size on this data")  # fmt: skip
+    others = "".join(f"; b={b} is being measured by {r}" for b, r in sorted(elsewhere.items()))
     return (f"exploring b={e.batch_size}: it may be up to {gain:.0%} faster than b={x.batch_size} ({e.estimate.describe()}); "
-            f"{how}; at most {cost:.1%} of the run's expected time at stake")  # fmt: skip
+            f"{how}; at most {cost:.1%} of the run's expected time at stake{others}")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -97,8 +97,15 @@ class RecordIdentity(Strict):
         return FinetuneRecord(
             **dict(self), power_cap_w=power_cap_w, segments=[s.model_copy() for s in segments],
             reached=bool(outcome and outcome.reached), samples_to_accuracy=outcome.samples_to_accuracy if outcome else None,
-            prior_key=prior_key, posterior=posterior,
+            prior_key=prior_key, posterior=posterior, running=outcome is None,
         )  # fmt: skip
+
+    def starting(self, batch_size: int, frequency_hz: int, power_cap_w: float | None) -> FinetuneRecord:
+        """The partial record of a run at its start, before its first evaluation: what it will
+        measure (its batch size), for the runs starting on the same data meanwhile."""
+        segment = Segment(batch_size=batch_size, frequency_hz=frequency_hz, start_samples=0, end_samples=0, device_time_s=0.0)
+        return FinetuneRecord(**dict(self), power_cap_w=power_cap_w, segments=[segment], reached=False, samples_to_accuracy=None,
+                              running=True)  # fmt: skip
 
 
 class FinetuneRecord(RecordIdentity):
@@ -110,6 +117,7 @@ class FinetuneRecord(RecordIdentity):
     samples_to_accuracy: int | None
     prior_key: str | None = Field(None, description="the vector the fine-tune started from")
     posterior: RelationVector | None = Field(None, description="the closed loop's vector at the end")
+    running: bool = Field(False, description="a partial record of a fine-tune still running, shown to the runs on the same data")
     created_at: datetime = Field(default_factory=utc_now)
 
     @property
@@ -131,6 +139,12 @@ class FinetuneRecord(RecordIdentity):
         if not self.reached or self.samples_to_accuracy is None or len({s.batch_size for s in self.segments}) > 1:
             return None
         return self.segments[0].batch_size, self.samples_to_accuracy
+
+
+def measuring(records: Sequence[FinetuneRecord]) -> dict[int, str]:
+    """The batch sizes that runs on this data still train solo now (running records of one
+    segment), each with the record id of a run that does: their N_b is being measured."""
+    return {r.segments[0].batch_size: r.record_id for r in records if r.running and len(r.segments) == 1}
 
 
 class Envelope:

@@ -375,3 +375,34 @@ def test_an_exploration_with_nothing_to_match_against_runs_until_its_own_run_mea
     assert report.measured_at_samples == outcome.samples_processed and "kept" in (report.outcome or ""), report.outcome
     _, plain, _, plain_totals, plain_first = run_loop([], table=table)  # the default budget: b=8 throughout
     assert plain_first == (8, 200) and in_run(plain) == [] and totals.elapsed_s < 0.6 * plain_totals.elapsed_s
+
+
+FOUR = ProfileTable(
+    batch_sizes=[8, 32, 64, 128], frequencies_hz=[100, 200], samples=1000,
+    time_s=[[3.6, 1.8], [2.8, 1.4], [2.6, 1.3], [2.4, 1.2]], peak_power_w=[[2.0, 3.0], [2.5, 3.5], [2.8, 3.8], [3.0, 4.0]], max_batch_size=128,
+)  # fmt: skip
+PRIOR4 = RelationVector(
+    batch_sizes=[8, 32, 64, 128], ratios=[0.6, 0.8, 0.9, 1.0], samples_mean=[6000.0, 8000.0, 9000.0, 10000.0], key="proxy"
+)
+
+
+def test_runs_starting_on_the_same_data_at_once_explore_different_batch_sizes() -> None:
+    # b=8 and b=128 measured, b=32 and b=64 may be faster than b=8: the first run explores one and shows its start at once
+    # (before any evaluation); the run that starts meanwhile sees it and explores the other
+    truth = {b: P0 * math.log(100) / n for b, n in {8: 5000, 32: 6000, 64: 7000, 128: 10000}.items()}
+    kept = [solo_record(8, "one", efficiency=truth[8]), solo_record(128, "two", efficiency=truth[128])]
+    live: dict[str, FinetuneRecord] = {}
+    starts = []
+    for name in ("job-a:nano-1", "job-a:nano-2"):
+        initial = Equation4(PRIOR4).choose(FOUR, None)
+        device = ReplayDevice(FOUR)
+        adaptive = control(WarpTrainer(initial.batch_size, truth), device, Equation4(PRIOR4), DeviceTarget(device_id=name.split(":")[1]),
+                           initial.frequency_hz, FOUR)  # fmt: skip
+        loop = ClosedLoop(adaptive, PRIOR4, lambda: kept + list(live.values()), IDENTITY.model_copy(update={"record_id": name}),
+                          LoopSettings(policy=ExplorationPolicy(budget=0.12)), publish=lambda r: live.__setitem__(r.record_id, r))  # fmt: skip
+        starts.append(loop.start(DeviceTotals()))
+    assert [c.role for c in starts] == ["explore", "explore"], [c.selection.note for c in starts]
+    assert sorted(c.selection.batch_size for c in starts) == [32, 64] and {c.exploit.batch_size for c in starts} == {8}
+    first = live["job-a:nano-1"]
+    assert first.running and first.segments[0].batch_size == starts[0].selection.batch_size and first.segments[0].curve == []
+    assert f"b={starts[0].selection.batch_size} is being measured by job-a:nano-1" in (starts[1].selection.note or "")

@@ -145,3 +145,30 @@ def test_an_exploration_is_measured_over_a_share_of_a_long_run_and_over_six_eval
     short = Candidate(x.selection, x.per_sample_s, dataclasses.replace(x.estimate, samples=2_000.0))
     assert policy.measure_by(short, 256) == 6 * 256
     assert ExplorationPolicy(measure_share=0.0).measure_by(long, 256) == 6 * 256
+
+
+def test_a_batch_size_another_run_measures_now_is_left_for_the_next_candidate() -> None:
+    # b=16 and b=128 measured; b=64 and b=32 may both beat b=128: the first run explores b=64, a run starting meanwhile b=32
+    per_sample = {16: 0.0020, 32: 0.00125, 64: 0.0011, 128: 0.0010}
+    prior = PRIOR.model_copy(update={"ratios": [0.6, 0.8, 0.9, 1.0], "samples_mean": [1200.0, 1600.0, 1800.0, 2000.0]})
+    tbl, policy = table(per_sample), ExplorationPolicy(budget=0.06)
+
+    def choose(*running: tuple[int, str]):
+        starts = [solo(b, 0).model_copy(update={"record_id": r, "running": True}) for b, r in running]
+        view = belief([solo(16), solo(128), *starts], prior)
+        found = candidates(tbl, None, view, "closed_loop")
+        return view, policy.choose(found, baseline1_per_sample_s(tbl, None, view, None, found), view, 256)
+
+    view, first = choose()
+    assert first.role == "explore" and first.selection.batch_size == 64 and "being measured" not in first.selection.note
+    view, second = choose((64, "job-a:nano-1"))
+    assert view.measuring == {64: "job-a:nano-1"} and view.estimates[64].source == "bounded"  # a start measures nothing yet
+    assert second.role == "explore" and second.selection.batch_size == 32 and second.exploit.batch_size == 128
+    assert 0 < second.cost_bound <= policy.budget and "b=64 is being measured by job-a:nano-1" in second.selection.note
+    assert "b=64 being measured by job-a:nano-1" in view.line()
+    # with both in measurement elsewhere the run exploits; a measured batch size another run trains is no reason to skip anything
+    assert choose((64, "a"), (32, "b"))[1].role == "exploit"
+    view, third = choose((16, "a"))
+    assert view.measuring == {} and third.selection.batch_size == 64
+    # a run that ended (its record kept, not running) measures nothing now
+    assert choose((64, "a"))[0].measuring and not belief([solo(16), solo(128), solo(64, 0)], prior).measuring
