@@ -133,7 +133,10 @@ class ClosedLoop:
         except (SelectionError, ValueError):
             self.adaptive.strategy = strategy
             return None
-        self.publish(self.identity.starting(choice.selection.batch_size, choice.selection.frequency_hz, self._start_cap_w))
+        # shown at once, before its first evaluation: the batch size this run measures
+        start = Segment(batch_size=choice.selection.batch_size, frequency_hz=choice.selection.frequency_hz, start_samples=0,
+                        end_samples=0, device_time_s=0.0)  # fmt: skip
+        self.publish(self.identity.record([start], None, self.prior.key, None, self._start_cap_w))
         if choice.role == "explore":
             self._exploring = choice
             partners = sorted(self.belief.measured - {choice.selection.batch_size})

@@ -140,9 +140,9 @@ class ExplorationPolicy:
             return Choice(exploit, "exploit", exploit)
         partners, elsewhere = belief.measured, belief.measuring
         for e in sorted(found, key=lambda c: c.optimistic_s):
-            if e.batch_size in partners or e.batch_size == x.batch_size or e.optimistic_s >= x.expected_s * (1 - self.min_gain):
+            if e.batch_size in partners or e.batch_size in elsewhere or e.batch_size == x.batch_size:
                 continue
-            if e.batch_size in elsewhere:
+            if e.optimistic_s >= x.expected_s * (1 - self.min_gain):
                 continue
             samples = self.measure_by(x, eval_every_samples)
             if partners - {e.batch_size}:

@@ -100,13 +100,6 @@ class RecordIdentity(Strict):
             prior_key=prior_key, posterior=posterior, running=outcome is None,
         )  # fmt: skip
 
-    def starting(self, batch_size: int, frequency_hz: int, power_cap_w: float | None) -> FinetuneRecord:
-        """The partial record of a run at its start, before its first evaluation: what it will
-        measure (its batch size), for the runs starting on the same data meanwhile."""
-        segment = Segment(batch_size=batch_size, frequency_hz=frequency_hz, start_samples=0, end_samples=0, device_time_s=0.0)
-        return FinetuneRecord(**dict(self), power_cap_w=power_cap_w, segments=[segment], reached=False, samples_to_accuracy=None,
-                              running=True)  # fmt: skip
-
 
 class FinetuneRecord(RecordIdentity):
     """What a completed fine-tune measured on the device's own data."""
