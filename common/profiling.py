@@ -7,6 +7,11 @@ The data content does not matter, only its shape, so profiling trains on random 
 Peak power is stored non-decreasing in f (each point raised to the highest power measured
 at a lower frequency of its row), so sensor noise never makes a higher frequency look
 cheaper and the binary search of selection matches a linear scan.
+
+A simulated device's figures come from its twin, whatever the host computes: there the first
+point of each batch size runs its steps for real (the step is built and runs) and the others
+time steps that do nothing on the host, so a twin's table costs |B| points of real work, not
+|B| x |F|.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class Profiler:
         model = build_model(entry.name, PROFILE_CLASSES, 0)
         self.device.bind_workload(measure_workload(entry.name, model, entry.example_input(PROFILE_CLASSES)))
         self.points = 0
+        self.stepped: set[int] = set()  # batch sizes whose steps ran for real (simulated devices)
 
     def _trainer(self, batch_size: int) -> Trainer:
         model = build_model(self.entry.name, PROFILE_CLASSES, 0)
@@ -76,13 +82,26 @@ class Profiler:
             return False
 
     def measure(self, batch_size: int, frequency_hz: int) -> Measurement:
-        """Pin `frequency_hz`, warm up, then measure `measure_batches` steps of `batch_size`."""
+        """Pin `frequency_hz`, warm up, then measure `measure_batches` steps of `batch_size`
+        (on a simulated device, real steps only at the first point of `batch_size`)."""
         self.device.set_frequency(frequency_hz)
-        trainer = self._trainer(batch_size)
+        step = self._step(batch_size)
         if self.options.warmup_batches:
-            self.device.run_steps(trainer.step, batch_size, self.options.warmup_batches)
+            self.device.run_steps(step, batch_size, self.options.warmup_batches)
         self.points += 1
-        return self.device.run_steps(trainer.step, batch_size, self.options.measure_batches)
+        return self.device.run_steps(step, batch_size, self.options.measure_batches)
+
+    def _step(self, batch_size: int) -> Callable[[], None]:
+        """A training step of `batch_size` to time; one that does nothing where a twin's clock
+        times it and a step of this batch size already ran."""
+        if self.device.simulated and batch_size in self.stepped:
+            return _no_step
+        self.stepped.add(batch_size)
+        return self._trainer(batch_size).step
+
+
+def _no_step() -> None:
+    """A step a twin times without the host computing it."""
 
 
 def max_batch_size(fits: Callable[[int], bool], batch_sizes: list[int]) -> int | None:

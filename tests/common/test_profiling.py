@@ -111,3 +111,24 @@ def test_tables_record_what_produced_them_and_stale_ones_are_refused() -> None:
     assert "force" in reuse_problem(table, info, None, not_before=utc_now() + timedelta(seconds=1))
     stairs = table.model_copy(update={"mode": "staircase", "power_cap_w": 4.0})
     assert reuse_problem(stairs, info, 4.0) is None and "staircase" in reuse_problem(stairs, info, 5.0)
+
+
+class HostTimedTwin(SimulatedDevice):
+    """The same twin, as if the host's work were what it measures."""
+
+    simulated = False
+
+
+def test_a_twins_table_runs_real_steps_once_per_batch_size_and_its_figures_are_those_of_every_step_run(monkeypatch) -> None:
+    from edgetrain.common.training import Trainer
+
+    ran: list[int] = []
+    step = Trainer.step
+    monkeypatch.setattr(Trainer, "step", lambda self: (ran.append(self.batch_size), step(self))[1])
+    options = ProfilingOptions(warmup_batches=1, measure_batches=2)
+    twin = profile(SimulatedDevice(load_twin("jetson-nano"), seed=3), SMALL, [4, 16], options, LR)
+    assert sorted(ran) == [4] * 3 + [16] * 3  # one point of each batch size: its warm-up and measured steps
+    ran.clear()
+    every_step = profile(HostTimedTwin(load_twin("jetson-nano"), seed=3), SMALL, [4, 16], options, LR)
+    assert len(ran) == 3 * every_step.points_measured == 3 * 2 * 12
+    assert (twin.time_s, twin.peak_power_w, twin.energy_j) == (every_step.time_s, every_step.peak_power_w, every_step.energy_j)
