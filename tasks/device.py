@@ -124,7 +124,7 @@ def finetune(self: Task, request: FinetuneRequest) -> RunReport | None:
                 attempt=attempt, artifact_dir=settings().artifact_dir, checkpoint_every_s=settings().checkpoint_every_s,
                 stop_requested=_stop_flag(worker), table=s.resources.table(request.table_id), vector=vector,
                 device_cap=lambda: s.fleet.power_cap(device_id), records=memory.records, similar=memory.similar(), publish=memory.publish,
-                trust=memory.trust(), data=memory.data,
+                claim=memory.claim, trust=memory.trust(), data=memory.data,
             ))  # fmt: skip
             with _stopping_on_sigterm():
                 recipe.setup(checkpoint)
@@ -205,6 +205,15 @@ class _Memory:
             store().learned.publish(self.key, record)
         except RedisError as exc:
             logger.warning("the partial record of %s was not shown: %s", record.record_id, exc)
+
+    def claim(self, start: FinetuneRecord) -> str | None:
+        """Show this run's start unless another run on the same data trains its batch size solo
+        now: then the record id of that run (not shown when Redis does not answer)."""
+        try:
+            return store().learned.claim(self.key, start)
+        except RedisError as exc:
+            logger.warning("the start of %s was not shown: %s", start.record_id, exc)
+            return None
 
     def withdraw(self) -> None:
         """Take this run's partial record down: it ended (its record, if complete, is kept)."""

@@ -44,6 +44,8 @@ from .belief import PAPER_TRUST, Belief, belief
 from .exploration import Believed, Choice, ExplorationPolicy, Pinned, baseline1_per_sample_s, candidates
 from .learned import FinetuneRecord, RecordIdentity, Segment
 
+START_CLAIMS = 3  # choices of a start whose exploration other runs may claim first; the last one exploits
+
 
 @dataclass(frozen=True)
 class LoopSettings:
@@ -89,7 +91,9 @@ class ClosedLoop:
     evaluation until the solo segment ends; `records` holds the last read); `identity` fills the
     record this run leaves (`record()`); `publish` sees the run's partial record at each
     evaluation of its solo segment (so runs on the same data at the same time match against
-    it); `trust` is the width within which the proxy's r_b is trusted (common/finetune/trust.py);
+    it); `claim` shows its start unless another run trains that batch size solo now, and then
+    names that run (default: `publish`, which always shows it); `trust` is the width within
+    which the proxy's r_b is trusted (common/finetune/trust.py);
     `power_envelope_w` is the device's model-agnostic envelope (Baseline 1's frequency);
     `on_decision` sees every EvidenceSwitch (also kept in `decisions`); `seen`: the evaluations
     of earlier attempts in a resumed run's history, which are not this attempt's curve (its
@@ -99,9 +103,11 @@ class ClosedLoop:
                  identity: RecordIdentity, settings: LoopSettings | None = None,
                  on_decision: Callable[[EvidenceSwitch], None] | None = None, seen: int = 0, trust: float = PAPER_TRUST,
                  power_envelope_w: list[float] | None = None,
-                 publish: Callable[[FinetuneRecord], None] = lambda _: None):  # fmt: skip
+                 publish: Callable[[FinetuneRecord], None] = lambda _: None,
+                 claim: Callable[[FinetuneRecord], str | None] | None = None):  # fmt: skip
         self.adaptive, self.prior, self.identity = adaptive, prior, identity
         self.read_records, self.publish = records, publish
+        self.claim = claim or (lambda start: publish(start))
         self.records = records()
         self.settings = settings or LoopSettings()
         self.on_decision = on_decision
@@ -122,32 +128,55 @@ class ClosedLoop:
 
     def start(self, run: DeviceTotals, explore: bool = True) -> Choice | None:
         """Choose the start on the belief: the exploit choice, or a batch size to explore
-        (`explore`); None while no configuration meets the cap (the run is paused)."""
-        self.belief = belief(self.records, self.prior, self.trust)
-        strategy = Believed(self.belief, self.settings.policy, self.power_envelope_w)
-        try:
-            table, cap = self.adaptive.selecting()
-            found = candidates(table, cap, self.belief, strategy.name)
-            b1 = baseline1_per_sample_s(table, cap, self.belief, self.power_envelope_w, found)
-            choice = self.settings.policy.choose(found, b1, self.belief, self.identity.eval_every_samples, explore)
-        except (SelectionError, ValueError):
-            self.adaptive.strategy = strategy
-            return None
-        # shown at once, before its first evaluation: the batch size this run measures
-        start = Segment(batch_size=choice.selection.batch_size, frequency_hz=choice.selection.frequency_hz, start_samples=0,
-                        end_samples=0, device_time_s=0.0)  # fmt: skip
-        self.publish(self.identity.record([start], None, self.prior.key, None, self._start_cap_w))
+        (`explore`); None while no configuration meets the cap (the run is paused). The start is
+        shown at once, before the first evaluation; an exploration whose batch size another run
+        claimed meanwhile (runs starting at once) is chosen again on the records read anew."""
+        for attempt in range(START_CLAIMS):
+            chosen = self._choose(explore and attempt < START_CLAIMS - 1)  # the last try exploits: it is always shown
+            if chosen is None:
+                return None
+            known, strategy, choice = chosen
+            if self._show_start(choice):
+                break
+            self.records = self.read_records()
         if choice.role == "explore":
             self._exploring = choice
-            partners = sorted(self.belief.measured - {choice.selection.batch_size})
+            partners = sorted(known.measured - {choice.selection.batch_size})
             self.exploration = ExplorationReport(
                 batch_size=choice.selection.batch_size, exploit_batch_size=choice.exploit.batch_size, against=partners,
                 cost_bound=choice.cost_bound, measure_by_samples=choice.measure_by_samples, note=choice.selection.note or "",
             )  # fmt: skip
             self.adaptive.reselect(run, Pinned(strategy, choice.selection.batch_size), choice.selection.note)
         else:
-            self.adaptive.reselect(run, strategy, f"{choice.selection.note}; {self.belief.line()}")
+            self.adaptive.reselect(run, strategy, f"{choice.selection.note}; {known.line()}")
         return choice
+
+    def _choose(self, explore: bool) -> tuple[Belief, Believed, Choice] | None:
+        """The belief on the records read last, its strategy and the policy's choice on it; None
+        while no configuration meets the cap (the strategy is kept for when one does)."""
+        self.belief = known = belief(self.records, self.prior, self.trust)
+        strategy = Believed(known, self.settings.policy, self.power_envelope_w)
+        try:
+            table, cap = self.adaptive.selecting()
+            found = candidates(table, cap, known, strategy.name)
+            b1 = baseline1_per_sample_s(table, cap, known, self.power_envelope_w, found)
+            return known, strategy, self.settings.policy.choose(found, b1, known, self.identity.eval_every_samples, explore)
+        except (SelectionError, ValueError):
+            self.adaptive.strategy = strategy
+            return None
+
+    def _show_start(self, choice: Choice) -> bool:
+        """Show the run's start (its batch size, no evaluation yet) to the runs on the same data;
+        False when it explores a batch size another run claimed first (nothing is shown)."""
+        segment = Segment(batch_size=choice.selection.batch_size, frequency_hz=choice.selection.frequency_hz, start_samples=0,
+                          end_samples=0, device_time_s=0.0)  # fmt: skip
+        start = self.identity.record([segment], None, self.prior.key, None, self._start_cap_w)
+        if self.claim(start) is None:
+            return True
+        if choice.role == "explore":
+            return False
+        self.publish(start)  # an exploit choice runs whoever else trains its batch size
+        return True
 
     def before_step(self, run: DeviceTotals) -> None:
         """Take in a new evaluation (and decide), then let the adaptive control follow the cap."""

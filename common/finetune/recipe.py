@@ -102,7 +102,8 @@ class Options:
     (common/finetune/learned.py), the closed loop's evidence (finished runs and those running on it
     now), read at set-up and as the run goes; `similar`: records of similar data by data key (a weaker
     prior); `publish`: shows this run's partial record to the runs on the same data meanwhile;
-    `trust`: how far the proxy's r_b is trusted on this data (common/finetune/trust.py); `data`: the
+    `claim`: shows its start unless another run trains that batch size solo now, naming that run
+    (None: `publish`); `trust`: how far the proxy's r_b is trusted on this data (common/finetune/trust.py); `data`: the
     identity of this data, for the record this run leaves."""
 
     attempt: str
@@ -116,6 +117,7 @@ class Options:
     records: Callable[[], list[FinetuneRecord]] = lambda: []
     similar: dict[str, list[FinetuneRecord]] = field(default_factory=dict)
     publish: Callable[[FinetuneRecord], None] = lambda _: None
+    claim: Callable[[FinetuneRecord], str | None] | None = None
     trust: float = PAPER_TRUST
     data: DataIdentity | None = None
 
@@ -241,7 +243,7 @@ class FineTune:
         similar = similar_vector(o.similar, o.vector)  # records of similar data move the prior toward them
         prior = similar.model_copy(update={"key": o.vector.key}) if similar else o.vector
         loop = ClosedLoop(control, prior, o.records if closed else list, identity, seen=len(self.totals.history), trust=o.trust,
-                          power_envelope_w=self.device.power_envelope_w, publish=o.publish)  # fmt: skip
+                          power_envelope_w=self.device.power_envelope_w, publish=o.publish, claim=o.claim)  # fmt: skip
         if closed:
             loop.start(self.totals, explore=not self.totals.history)  # a resumed run keeps to what it explored
             if (provenance := loop.provenance()) is not None and loop.belief is not None:

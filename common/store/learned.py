@@ -12,7 +12,7 @@ from typing import TypeVar
 import redis
 from pydantic import ValidationError
 
-from ..finetune.learned import FinetuneRecord
+from ..finetune.learned import FinetuneRecord, measuring
 from ..finetune.trust import ProxyCheck
 from ..keys import Keys
 from ..schemas import Strict, utc_now
@@ -27,6 +27,12 @@ for i = 1, #ARGV, 2 do
   if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then redis.call('HDEL', KEYS[1], ARGV[i]) end
 end
 """  # a stale partial record is deleted unless it was published again since it was read
+
+
+def _show(p: redis.client.Pipeline, name: str, record: FinetuneRecord) -> None:
+    """Queue the writes that show a running fine-tune's partial record in the hash `name`."""
+    p.hset(name, record.record_id, record.model_dump_json())
+    p.expire(name, LIVE_TTL_S)
 
 
 def _valid(model: type[RecordT], raws: Iterable[str | bytes], where: str) -> list[RecordT]:
@@ -83,11 +89,31 @@ class LearnedStore:
         """Show a running fine-tune's partial record to the others on the same data: read for
         LIVE_TTL_S after its last update (its `created_at`), so a worker that died without taking it
         down does not leave it to runs that update theirs; the hash expires LIVE_TTL_S after the last."""
-        name = self._keys.learned_live(data_key)
         with self._redis.pipeline() as p:
-            p.hset(name, record.record_id, record.model_dump_json())
-            p.expire(name, LIVE_TTL_S)
+            _show(p, self._keys.learned_live(data_key), record)
             p.execute()
+
+    def claim(self, data_key: str, start: FinetuneRecord) -> str | None:
+        """Show a run's start (a partial record of one segment, no evaluation yet), as `publish`
+        does, unless another run on the same data trains its batch size solo now (a fresh running
+        record of one segment): then nothing is written and that run's record id is returned. Read
+        and written in one transaction, so of runs that start at once one claims each batch size."""
+        name = self._keys.learned_live(data_key)
+        batch_size, fresh_since = start.segments[0].batch_size, utc_now() - timedelta(seconds=LIVE_TTL_S)
+        with self._redis.pipeline() as p:
+            while True:
+                try:
+                    p.watch(name)
+                    raws = [v for k, v in p.hgetall(name).items() if text(k) != start.record_id]
+                    others = [r for r in _valid(FinetuneRecord, raws, name) if r.created_at >= fresh_since]
+                    if holder := measuring(others).get(batch_size):
+                        return holder
+                    p.multi()
+                    _show(p, name, start)
+                    p.execute()
+                    return None
+                except redis.WatchError:
+                    continue
 
     def unpublish(self, data_key: str, record_id: str) -> None:
         """Take a fine-tune's partial record down (it ended)."""

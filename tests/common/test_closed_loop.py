@@ -14,7 +14,15 @@ from edgetrain.common.finetune.adaptive import AdaptiveControl, CapFollower
 from edgetrain.common.finetune.belief import PAPER_TRUST
 from edgetrain.common.finetune.closed_loop import ClosedLoop, LoopSettings
 from edgetrain.common.finetune.exploration import ExplorationPolicy
-from edgetrain.common.finetune.learned import DataIdentity, FinetuneRecord, RecordIdentity, Segment, learned_vector, similar_vector
+from edgetrain.common.finetune.learned import (
+    DataIdentity,
+    FinetuneRecord,
+    RecordIdentity,
+    Segment,
+    learned_vector,
+    measuring,
+    similar_vector,
+)
 from edgetrain.common.schemas import DeviceTarget, LearningRatePolicy, ProfileTable, RelationVector
 from edgetrain.common.selection import Equation4
 from edgetrain.common.testing.devices import ReplayDevice
@@ -386,23 +394,47 @@ PRIOR4 = RelationVector(
 )
 
 
+TRUTH4 = {b: P0 * math.log(100) / n for b, n in {8: 5000, 32: 6000, 64: 7000, 128: 10000}.items()}
+KEPT4 = [solo_record(8, "one", efficiency=TRUTH4[8]), solo_record(128, "two", efficiency=TRUTH4[128])]
+
+
+def loop_on_four(name: str, live: dict[str, FinetuneRecord], claim=None) -> ClosedLoop:
+    """A run `name` (job:device) on FOUR whose data measured b=8 and b=128 (b=32 and b=64 may be faster than b=8), seeing
+    the partial records `live` and showing its own there."""
+    initial = Equation4(PRIOR4).choose(FOUR, None)
+    adaptive = control(WarpTrainer(initial.batch_size, TRUTH4), ReplayDevice(FOUR), Equation4(PRIOR4), DeviceTarget(device_id=name.split(":")[1]),
+                       initial.frequency_hz, FOUR)  # fmt: skip
+    return ClosedLoop(adaptive, PRIOR4, lambda: KEPT4 + list(live.values()), IDENTITY.model_copy(update={"record_id": name}),
+                      LoopSettings(policy=ExplorationPolicy(budget=0.12)), publish=lambda r: live.__setitem__(r.record_id, r),
+                      claim=claim)  # fmt: skip
+
+
 def test_runs_starting_on_the_same_data_at_once_explore_different_batch_sizes() -> None:
-    # b=8 and b=128 measured, b=32 and b=64 may be faster than b=8: the first run explores one and shows its start at once
-    # (before any evaluation); the run that starts meanwhile sees it and explores the other
-    truth = {b: P0 * math.log(100) / n for b, n in {8: 5000, 32: 6000, 64: 7000, 128: 10000}.items()}
-    kept = [solo_record(8, "one", efficiency=truth[8]), solo_record(128, "two", efficiency=truth[128])]
+    # the first run explores one and shows its start at once (before any evaluation); the run that starts meanwhile sees
+    # it and explores the other
     live: dict[str, FinetuneRecord] = {}
-    starts = []
-    for name in ("job-a:nano-1", "job-a:nano-2"):
-        initial = Equation4(PRIOR4).choose(FOUR, None)
-        device = ReplayDevice(FOUR)
-        adaptive = control(WarpTrainer(initial.batch_size, truth), device, Equation4(PRIOR4), DeviceTarget(device_id=name.split(":")[1]),
-                           initial.frequency_hz, FOUR)  # fmt: skip
-        loop = ClosedLoop(adaptive, PRIOR4, lambda: kept + list(live.values()), IDENTITY.model_copy(update={"record_id": name}),
-                          LoopSettings(policy=ExplorationPolicy(budget=0.12)), publish=lambda r: live.__setitem__(r.record_id, r))  # fmt: skip
-        starts.append(loop.start(DeviceTotals()))
+    starts = [loop_on_four(name, live).start(DeviceTotals()) for name in ("job-a:nano-1", "job-a:nano-2")]
     assert [c.role for c in starts] == ["explore", "explore"], [c.selection.note for c in starts]
     assert sorted(c.selection.batch_size for c in starts) == [32, 64] and {c.exploit.batch_size for c in starts} == {8}
     first = live["job-a:nano-1"]
     assert first.running and first.segments[0].batch_size == starts[0].selection.batch_size and first.segments[0].curve == []
+    assert f"b={starts[0].selection.batch_size} is being measured by job-a:nano-1" in (starts[1].selection.note or "")
+
+
+def test_runs_that_read_the_records_before_either_showed_its_start_still_explore_different_batch_sizes() -> None:
+    # both read the records (as the devices of one job do within milliseconds), then both choose: the second's claim of
+    # the batch size the first took is refused, and it chooses again on the records read anew
+    live: dict[str, FinetuneRecord] = {}
+
+    def claim(start: FinetuneRecord) -> str | None:
+        held = measuring([r for r in live.values() if r.record_id != start.record_id]).get(start.segments[0].batch_size)
+        if held is None:
+            live[start.record_id] = start
+        return held
+
+    loops = [loop_on_four(name, live, claim) for name in ("job-a:nano-1", "job-a:nano-2")]
+    starts = [loop.start(DeviceTotals()) for loop in loops]
+    assert [c.role for c in starts] == ["explore", "explore"], [c.selection.note for c in starts]
+    assert sorted(c.selection.batch_size for c in starts) == [32, 64]
+    assert {r.segments[0].batch_size for r in live.values()} == {32, 64}
     assert f"b={starts[0].selection.batch_size} is being measured by job-a:nano-1" in (starts[1].selection.note or "")

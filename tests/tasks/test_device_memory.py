@@ -110,6 +110,34 @@ def test_a_partial_record_not_updated_for_the_ttl_is_gone_while_others_are_updat
     assert [r.record_id for r in s.learned.live(memory.key)] == ["j3:d3"]  # and it was deleted
 
 
+def start(memory: _Memory, record_id: str, b: int) -> FinetuneRecord:
+    """A run's start as the closed loop shows it: one segment of `b`, no evaluation yet."""
+    segment = Segment(batch_size=b, frequency_hz=900, start_samples=0, end_samples=0, device_time_s=0.0)
+    return record(memory, record_id, b, n=None).model_copy(update={"segments": [segment], "running": True})
+
+
+def test_of_runs_starting_at_once_one_claims_each_batch_size(s) -> None:
+    memory = _Memory(request(s), None)
+    assert memory.claim(start(memory, "j1:d1", 64)) is None  # shown
+    assert memory.claim(start(memory, "j1:d2", 64)) == "j1:d1"  # b=64 is being measured: nothing written
+    assert memory.claim(start(memory, "j1:d2", 32)) is None
+    assert memory.claim(start(memory, "j1:d1", 64)) is None  # its own start again
+    assert sorted((r.record_id, r.segments[0].batch_size) for r in s.learned.live(memory.key)) == [("j1:d1", 64), ("j1:d2", 32)]
+    moved_on = start(memory, "j1:d1", 64).model_copy(update={"running": False})  # ended (its record kept or not)
+    s.learned.publish(memory.key, moved_on)
+    stale = start(memory, "j2:d3", 16).model_copy(update={"created_at": utc_now() - timedelta(seconds=LIVE_TTL_S + 1)})
+    s.learned.publish(memory.key, stale)
+    assert memory.claim(start(memory, "j3:d4", 64)) is None  # an ended run holds nothing
+    assert memory.claim(start(memory, "j3:d5", 16)) is None  # nor one not updated for the TTL (its worker died)
+    assert memory.claim(start(memory, "j3:d6", 32)) == "j1:d2"
+
+
+def test_a_claim_redis_does_not_answer_is_a_warning_and_the_run_goes_on(s, monkeypatch, caplog) -> None:
+    memory = _Memory(request(s), None)
+    monkeypatch.setattr(s.learned, "claim", failing)
+    assert memory.claim(start(memory, "j1:d1", 64)) is None and any("was not shown" in m for m in caplog.messages)
+
+
 class _FailingRun:
     """A fine-tune that shows its partial record, then ends with `error`."""
 
