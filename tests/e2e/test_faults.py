@@ -196,13 +196,14 @@ def test_a_model_that_kills_its_process_fails_the_part_and_the_worker_lives_on(t
             lambda: cluster.store().coordination.failure(vector_resource(vector)), 60, 0.2, "the vector failed"
         ).reason.startswith("proxy training b=4 seed=0 its process died")  # at its first run's death, not after every run and retry
         assert cluster.worker("device-nano-x").alive()
-        again = client.wait(client.submit(quick_job([{"device_id": "nano-x", "power_cap_w": 3.0}])), timeout_s=300)
+        again = client.wait(client.submit(quick_job([{"device_id": "nano-x", "power_cap_w": 3.0}], batch_sizes=[16, 64])), timeout_s=300)
         assert again.state.value == "completed", [e.line() for e in again.events]
 
 
 def test_a_planning_error_fails_the_part_with_its_reason(tmp_path) -> None:
     env = {"EDGETRAIN_ALLOWED_MODEL_MODULES": "clientside"}  # allowed, but not installed on the workers
-    with LocalCluster(tmp_path / "cluster", devices={"nano-p": "sim:jetson-nano"}, env=env) as cluster:
+    cluster_dir = tmp_path / "cluster"
+    with LocalCluster(cluster_dir, devices={"nano-p": "sim:jetson-nano"}, server_workers=0, env=env) as cluster:  # fails in planning
         client = EdgeTrainClient(cluster.redis_url)
         job_id = client.submit(quick_job([{"device_id": "nano-p", "power_cap_w": 3.0}], model="clientside:factory"))
         status = client.wait(job_id, timeout_s=60)
@@ -218,7 +219,8 @@ def test_a_failure_is_not_reused_by_a_later_job_once_the_cause_is_fixed(tmp_path
     env = {"EDGETRAIN_DATA_DIR": str(data)}
     with LocalCluster(tmp_path / "cluster", devices={"nano-f": "sim:jetson-nano"}, env=env) as cluster:
         client = EdgeTrainClient(cluster.redis_url)
-        spec = quick_job([{"device_id": "nano-f", "power_cap_w": 3.0}], proxy_dataset={"name": "npz", "path": proxy.name})
+        target = {"device_id": "nano-f", "power_cap_w": 3.0}
+        spec = quick_job([target], proxy_dataset={"name": "npz", "path": proxy.name}, batch_sizes=[16, 64])
         first = client.wait(client.submit(spec), timeout_s=300)
         assert first.state.value == "failed" and "relation vector estimation failed" in first.parts["nano-f"].reason
         import numpy as np
@@ -231,7 +233,7 @@ def test_a_failure_is_not_reused_by_a_later_job_once_the_cause_is_fixed(tmp_path
 
 
 def test_a_second_worker_with_the_same_device_id_is_refused(tmp_path) -> None:
-    with LocalCluster(tmp_path, devices={"nano-d": "sim:jetson-nano"}) as cluster:
+    with LocalCluster(tmp_path, devices={"nano-d": "sim:jetson-nano"}, server_workers=0) as cluster:  # no job runs
         env = {**os.environ, "EDGETRAIN_REDIS_URL": cluster.redis_url}
         cmd = [sys.executable, "-m", "edgetrain.workers.cli", "worker", "device", "--device-id", "nano-d", "--backend", "sim:jetson-nano"]
         second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
