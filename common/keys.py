@@ -201,6 +201,9 @@ class Keys:
     def lease(self, task_id: str) -> str:
         return f"{self.prefix}:lease:{task_id}"
 
+    def consumers(self) -> str:
+        return f"{self.prefix}:consumers"
+
     def stopping(self, instance: str) -> str:
         return f"{self.prefix}:stopping:{instance}"
 

@@ -1,6 +1,7 @@
-"""Task leases: the process that runs a task holds a lease on it and renews it while the task
-runs, so the control worker's reaper (tasks/reaper.py) knows within `lease_ttl_s` seconds when
-that process is gone, instead of waiting out the broker's visibility timeout.
+"""Task leases: the process that runs a device or server task holds a lease on it and renews it
+while the task runs, so the control worker's reaper (tasks/reaper.py) knows within
+`lease_ttl_s` seconds when that process is gone, instead of waiting out the broker's
+visibility timeout. The control worker's own tasks hold none (tasks/held_messages.py).
 
 The leases are taken and released by Celery's task_prerun/task_postrun signals in the process
 that runs the task (a pool child under prefork); one thread per process renews them."""
@@ -65,8 +66,6 @@ def _process_keeper() -> LeaseKeeper:
 def task_subject(name: str, args: tuple[Any, ...]) -> dict[str, Any]:
     """The job and device task `name` serves, read from its payload."""
     payload = args[0] if args else None
-    if name == TaskName.advance_job.value:
-        return {"job_id": payload}
     if isinstance(payload, dict):
         return {
             "job_id": payload.get("job_id"),

@@ -10,8 +10,11 @@ the broker's visibility timeout:
 - `finetune`: its part lets the attempt go first (so the restarted device can start a new
   one), then its unacknowledged message goes back to the device's queue, and the fine-tune
   resumes from its checkpoint;
-- every other task: its message goes back to its queue, for any server or control worker.
+- every other task: its message goes back to its queue, for any server worker.
 The lease is removed last, so a control worker that dies midway leaves it for the next pass.
+A control worker's own tasks (the job steps) hold no lease: the messages an instance of it took
+and did not acknowledge go back to their queue once it stops heartbeating for `lease_ttl_s`, or
+at once when its node heartbeats from a new process (tasks/held_messages.py).
 
 A dispatched fine-tune that, for longer than a lease, nothing runs (no lease) and whose
 message does not wait on its device's queue is sent on: its message, when a worker took it
@@ -42,7 +45,9 @@ from edgetrain.common.payloads import ProfileRequest, ProxyRunRequest, profile_r
 from edgetrain.common.settings import Settings
 from edgetrain.common.store import JobNotFoundError, Lease, Store, token_job
 
+from . import held_messages
 from .contract import HANDED_ON, TaskName, device_queue, queue_role, send, send_again, wake_ups
+from .held_messages import Restored
 from .store_failover import note_failover
 
 logger = logging.getLogger(__name__)
@@ -142,9 +147,23 @@ def hand_on(store: Store, app: Celery, settings: Settings, lease: Lease) -> bool
     logger.warning("task %s: %s", lease.task_id, message)
     if job_id and not fine_tune:  # a fine-tune's part logged it when it let the attempt go
         store.jobs.event(job_id, EventKind.attempt_lost, message, lease.device_id)
-    if job_id and (lease.task not in (TaskName.advance_job.value, TaskName.advance_page.value) or outcome != "re-queued"):
-        _advance(store, app, job_id, lease.device_id)  # a job's step whose message is gone is sent again
+    if job_id:
+        _advance(store, app, job_id, lease.device_id)
     return True
+
+
+def restore_gone_consumers(store: Store, app: Celery, settings: Settings) -> list[Restored]:
+    """Put back on their queues the messages that control worker instances took and never
+    acknowledged, once an instance has not heartbeated for `lease_ttl_s` or its node heartbeats
+    from another process (tasks/held_messages.py). Returns them."""
+    restored = []
+    for instance in store.liveness.gone(store.liveness.consumers(), settings.lease_ttl_s):
+        for message in held_messages.restore(app, instance):
+            store.monitoring.count(HANDED_ON, queue_role(message.queue))
+            logger.warning("task %s (%s): the worker %s stopped; re-queued", message.task_id, message.task, instance)
+            restored.append(message)
+        store.liveness.forget_consumer(instance)
+    return restored
 
 
 def redispatch_orphans(store: Store, app: Celery, settings: Settings) -> list[tuple[str, str]]:
@@ -251,6 +270,7 @@ def reap_once(store: Store, app: Celery, settings: Settings, silent_before: froz
     that fails on anything but Redis is logged and the pass goes on with the next, so one bad
     record or message cannot stop the others pass after pass."""
     note_failover(store)
+    _guarded("putting back the messages of stopped control workers", lambda: restore_gone_consumers(store, app, settings))
     for lease in store.liveness.expired(settings.lease_ttl_s):
         _guarded(f"handing on task {lease.task_id}", functools.partial(hand_on, store, app, settings, lease))
     _guarded("sending on orphaned fine-tunes", lambda: redispatch_orphans(store, app, settings))

@@ -147,6 +147,31 @@ class Liveness:
             for n, raw in zip(nodes, raws) if raw
         ]  # fmt: skip
 
+    def note_consumer(self, instance: str) -> None:
+        """The worker `instance` (node:pid of its main process) keeps the messages it has
+        taken under keys of its own (tasks/held_messages.py)."""
+        self._redis.sadd(self._keys.consumers(), instance)
+
+    def consumers(self) -> list[str]:
+        """The worker instances noted by `note_consumer` and not forgotten."""
+        return sorted(texts(self._redis.smembers(self._keys.consumers())))
+
+    def forget_consumer(self, instance: str) -> None:
+        """Its messages were put back: the instance holds nothing any more."""
+        self._redis.srem(self._keys.consumers(), instance)
+
+    def gone(self, instances: list[str], ttl_s: float) -> list[str]:
+        """Those of `instances` (node:pid) not heard from within `ttl_s` seconds: their node
+        did not heartbeat, or it did from another process (the worker was started again)."""
+        nodes = [instance.rpartition(":")[0] for instance in instances]
+        heard, now = self.heard_at(nodes), self.now()
+        raws = self._redis.mget([self._keys.worker(n) for n in nodes]) if nodes else []
+        return [
+            instance for instance, node, raw in zip(instances, nodes, raws)
+            if raw is None or heard.get(node, 0.0) < now - ttl_s
+            or str(WorkerInfo.model_validate_json(raw).pid) != instance.rpartition(":")[2]
+        ]  # fmt: skip
+
     def request_stop(self, instance: str, ttl_s: float = 3600) -> None:
         """The worker `instance` (node:pid of its main process) is shutting down: the
         fine-tunes it runs checkpoint and stop."""

@@ -452,13 +452,13 @@ def test_a_step_out_of_time_fails_no_part_and_is_sent_again(s, broker, monkeypat
     assert [t.name for t in queued_tasks(broker, "control")] == [TaskName.advance_job.value, TaskName.advance_page.value]
 
 
-def test_a_lost_job_step_whose_message_is_gone_is_sent_again_by_the_reaper(s, broker) -> None:
-    """The control worker running a step died and its message was acknowledged already (its hard
-    time limit, say): the reaper sends the step again instead of leaving the job's parts."""
+def test_a_job_whose_lost_task_has_no_message_left_is_advanced_by_the_reaper(s, broker) -> None:
+    """The server worker running a job's proxy run died and its message was acknowledged already
+    (its hard time limit, say): the reaper sends the job's step again instead of leaving its parts."""
     register(s, "d1")
     submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
     broker.delete("control")
-    s.liveness.take(Lease(task_id="t1", task=TaskName.advance_job.value, attempt="a1", node="control@gone", queue="control", job_id="j1"))
+    s.liveness.take(Lease(task_id="t1", task=TaskName.train_proxy.value, attempt="a1", node="server-0@gone", queue="server", job_id="j1"))
     broker.zadd(s.keys.leases(), {"t1": 0})  # not renewed for long
     reap_once(s, context.app(), context.settings())
     assert [(t.name, t.payload) for t in queued_tasks(broker, "control")] == [(TaskName.advance_job.value, "j1")]
@@ -470,7 +470,7 @@ def test_a_lease_renewed_after_the_reaper_listed_it_is_not_handed_on(s, broker) 
     list: a run that renewed is left running."""
     register(s, "d1")
     submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
-    lease = Lease(task_id="t1", task=TaskName.advance_job.value, attempt="a1", node="control@back", queue="control", job_id="j1")
+    lease = Lease(task_id="t1", task=TaskName.train_proxy.value, attempt="a1", node="server-0@back", queue="server", job_id="j1")
     s.liveness.take(lease)
     broker.zadd(s.keys.leases(), {"t1": 0})
     (listed,) = s.liveness.expired(context.settings().lease_ttl_s)

@@ -1,7 +1,8 @@
 """Start a Celery worker of the edgetrain app in this process: it checks that Redis keeps its
-data, announces itself (and its device) with a heartbeat, holds a lease on every task it runs,
-ends what a revoked task or a dead pool process served, and a control worker also runs the
-reaper that hands on the tasks of workers that are gone."""
+data, announces itself (and its device) with a heartbeat, holds a lease on every task it runs
+(a control worker instead notes the messages it takes under keys of its own:
+tasks/held_messages.py), ends what a revoked task or a dead pool process served, and a control
+worker also runs the reaper that hands on the tasks of workers that are gone."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from edgetrain.common.settings import Settings
 from edgetrain.common.store import DeviceIdTaken, Store, WorkerInfo
 from edgetrain.common.store.connection import stop_retrying
 from edgetrain.tasks import context
+from edgetrain.tasks.app import producer_app
+from edgetrain.tasks.held_messages import keep_apart
 from edgetrain.tasks.leases import hold_leases
 from edgetrain.tasks.reaper import Reaper
 from edgetrain.tasks.stopped import watch_stopped_tasks
@@ -92,13 +95,16 @@ def consume(queues: list[str], name: str, role: str, concurrency: int, loglevel:
         TaskEventsGate(store)
         store.fleet.index_caps()
     heartbeat = Heartbeat(store, settings, info, device)
-    reaper = Reaper(store, context.app(), settings) if role == "control" else None
+    reaper = Reaper(store, producer_app(settings), settings) if role == "control" else None  # restores on the shared keys
     try:  # from the first beat on, a shutdown signal (SystemExit) leaves the registry in `finally`
         heartbeat.first_beat(settings.heartbeat_ttl_s + settings.heartbeat_s, note)
         heartbeat.start()
-        if reaper:
+        if reaper:  # a control worker's tasks hold no lease: its heartbeat stands for them
+            keep_apart(context.app(), heartbeat.instance)
+            store.liveness.note_consumer(heartbeat.instance)
             reaper.start()
-        hold_leases()
+        else:
+            hold_leases()
         watch_stopped_tasks(heartbeat.instance)
         worker_shutting_down.connect(lambda **_: _shutting_down(store, heartbeat.instance), weak=False,
                                      dispatch_uid="edgetrain-shutting-down")  # fmt: skip

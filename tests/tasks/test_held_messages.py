@@ -1,0 +1,73 @@
+"""A control worker instance notes the messages it takes under keys of its own; once it is gone
+(started again, or silent for a lease) the reaper puts exactly those back on their queue, once.
+Real Redis and kombu channels; the worker is this process."""
+
+import importlib
+
+import redis
+from kombu import Connection
+
+from edgetrain.common.store import WorkerInfo
+from edgetrain.common.testing.broker import queued_tasks
+from edgetrain.tasks import context
+from edgetrain.tasks.app import producer_app
+from edgetrain.tasks.contract import CONTROL_QUEUE, HANDED_ON, TaskName, send
+from edgetrain.tasks.held_messages import keep_apart, transport_options
+from edgetrain.tasks.reaper import reap_once, restore_gone_consumers
+
+NODE = "control@h"
+
+
+def take_one(instance: str) -> Connection:
+    """What the worker `instance` does as it takes a message: noted, not acknowledged. Its
+    connection is left open, as a killed worker leaves it (closing it would put the message back)."""
+    taker = producer_app(context.settings())
+    keep_apart(taker, instance)
+    connection = taker.connection_for_write()
+    assert connection.default_channel.basic_get(CONTROL_QUEUE, no_ack=False) is not None
+    return connection
+
+
+def beat(s, pid: int) -> None:
+    s.liveness.heartbeat(WorkerInfo(node=NODE, role="control", queues=[CONTROL_QUEUE], hostname="h", pid=pid))
+
+
+def test_the_steps_a_control_worker_took_go_back_to_the_queue_once_when_it_is_started_again(s, broker: redis.Redis) -> None:
+    send(context.app(), TaskName.advance_job, "j1")
+    send(context.app(), TaskName.advance_job, "j2")
+    beat(s, 111)
+    s.liveness.note_consumer(f"{NODE}:111")
+    taken = take_one(f"{NODE}:111")  # j1, the oldest
+    assert broker.hlen(transport_options(f"{NODE}:111")["unacked_key"]) == 1 and broker.hlen("unacked") == 0
+    assert restore_gone_consumers(s, context.app(), context.settings()) == []  # it heartbeats: it holds j1
+    assert [t.payload for t in queued_tasks(broker, CONTROL_QUEUE)] == ["j2"]
+
+    beat(s, 222)  # the same node from a new process: the one that took j1 is gone
+    (restored,) = restore_gone_consumers(s, context.app(), context.settings())
+    assert restored.task == TaskName.advance_job.value and restored.queue == CONTROL_QUEUE
+    waiting = queued_tasks(broker, CONTROL_QUEUE)
+    assert sorted(t.payload for t in waiting) == ["j1", "j2"] and waiting[0].payload == "j1"  # back at the head
+    assert broker.hlen(transport_options(f"{NODE}:111")["unacked_key"]) == 0 and s.liveness.consumers() == []
+    assert s.monitoring.counts(HANDED_ON) == {"control": 1}
+    assert restore_gone_consumers(s, context.app(), context.settings()) == []  # once
+    taken.close()
+
+
+def test_the_steps_of_a_control_worker_silent_for_a_lease_go_back_in_the_reapers_pass(s, broker: redis.Redis) -> None:
+    send(context.app(), TaskName.advance_job, "j1")
+    beat(s, 111)
+    s.liveness.note_consumer(f"{NODE}:111")
+    taken = take_one(f"{NODE}:111")
+    broker.zadd(s.keys.workers(), {NODE: 0})  # last heard long ago
+    reap_once(s, context.app(), context.settings())
+    assert [t.payload for t in queued_tasks(broker, CONTROL_QUEUE)] == ["j1"] and s.liveness.consumers() == []
+    taken.close()
+
+
+def test_a_control_step_past_its_hard_time_limit_goes_back_to_its_queue_and_a_device_task_does_not(s) -> None:
+    """No lease stands for a control task: Celery requeues it when its pool process is ended."""
+    importlib.import_module("edgetrain.tasks.device")
+    tasks = context.app().tasks
+    assert tasks[TaskName.advance_job.value].acks_on_timeout is False
+    assert tasks[TaskName.advance_page.value].acks_on_timeout is False
+    assert tasks[TaskName.finetune.value].acks_on_timeout is not False
