@@ -64,6 +64,20 @@ def texts(values: Iterable[object]) -> list[str]:
     return [str(v) for v in values]
 
 
+def transaction(client: redis.Redis, apply: Callable[[redis.client.Pipeline], T], *keys: str) -> T:
+    """`apply`'s value, its writes (queued after `multi()`) made only if none of `keys` changed
+    since `apply` read them; run again while another process changes one first."""
+    with client.pipeline() as p:
+        while True:
+            try:
+                p.watch(*keys)
+                value = apply(p)
+                p.execute()
+                return value
+            except redis.WatchError:
+                continue
+
+
 def connect(url: str, patient: bool = False) -> redis.Redis:
     """A Redis client for redis://, rediss://, unix:// or sentinel:// URLs (strings decoded).
 

@@ -24,7 +24,7 @@ from ..jobs.state import EventKind, JobEvent
 from ..keys import Keys
 from ..limits import MAX_EVENTS_KEPT
 from ..schemas import utc_now
-from .connection import text, texts
+from .connection import text, texts, transaction
 from .ledger import SentTask, TaskLedger
 
 
@@ -88,26 +88,23 @@ class FederatedStore:
         """Apply `event` to the job's state in one transaction, with what follows from it, and
         write `tracked` (tasks that must not be lost) in the ledger with it; Refused when the
         event does not apply (its message says why)."""
-        k = self._keys
-        with self._redis.pipeline() as p:
-            while True:
-                try:
-                    p.watch(k.federated_state(job_id))
-                    raw = p.get(k.federated_state(job_id))
-                    if raw is None:
-                        raise Refused(f"no federated job {job_id} has started")
-                    before = FederatedState.model_validate_json(raw)
-                    change = transition(before, event, now or utc_now())
-                    held = self._held(p, job_id, before, change, event)
-                    p.multi()
-                    if change.state != before:
-                        p.set(k.federated_state(job_id), change.state.model_dump_json())
-                    self._follow(p, job_id, before, change, event, held)
-                    self._ledger.write(p, tracked)
-                    p.execute()
-                    return change
-                except redis.WatchError:
-                    continue
+        key = self._keys.federated_state(job_id)
+
+        def apply(p: Pipeline) -> Change:
+            raw = p.get(key)
+            if raw is None:
+                raise Refused(f"no federated job {job_id} has started")
+            before = FederatedState.model_validate_json(raw)
+            change = transition(before, event, now or utc_now())
+            held = self._held(p, job_id, before, change, event)
+            p.multi()
+            if change.state != before:
+                p.set(key, change.state.model_dump_json())
+            self._follow(p, job_id, before, change, event, held)
+            self._ledger.write(p, tracked)
+            return change
+
+        return transaction(self._redis, apply, key)
 
     def _held(self, p: Pipeline, job_id: str, before: FederatedState, change: Change, event: FederatedEvent) -> dict[str, str]:
         """The entries of the updates' hash (read on the watched `p`) where the change needs them:

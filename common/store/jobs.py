@@ -14,10 +14,8 @@ import json
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypeVar
 
 import redis
 from redis.client import Pipeline
@@ -42,11 +40,10 @@ from ..jobs.state import (
 from ..keys import Keys
 from ..limits import MAX_EVENTS_KEPT, RECORDS_KEPT
 from ..schemas import DeviceInfo, JobSpec, utc_now
-from .connection import text, texts
+from .connection import text, texts, transaction
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 # KEYS: the part, the job's events, its summary, the part's progress and checkpoint; ARGV: the
 # attempt's token, then an event, the progress and the checkpoint (JSON, or "" for none), then
@@ -191,19 +188,6 @@ class JobStore:
         self._compare_and_write = client.register_script(_COMPARE_AND_WRITE)
         self._parsed: OrderedDict[str, tuple[bytes | str, JobRecord, dict[str, int]]] = OrderedDict()
         self._parsed_lock = threading.Lock()
-
-    def _transaction(self, key: str, apply: Callable[[Pipeline], T], *also: str) -> T:
-        """`apply`'s value, its writes (queued after `multi()`) made only if `key` (and `also`)
-        did not change since `apply` read it; run again while another process changes it first."""
-        with self._redis.pipeline() as p:
-            while True:
-                try:
-                    p.watch(key, *also)
-                    value = apply(p)
-                    p.execute()
-                    return value
-                except redis.WatchError:
-                    continue
 
     def create(self, job_id: str, spec: JobSpec) -> JobRecord:
         """Store a new job with a pending part per device, and its `submitted` event."""
@@ -563,7 +547,7 @@ class JobStore:
             self._log(p, job_id, JobEvent(kind=EventKind.cancelled, message="cancel requested"))
             return record
 
-        return self._transaction(key, apply, self._keys.job_states(job_id))  # a part finishing meanwhile may finish the job
+        return transaction(self._redis, apply, key, self._keys.job_states(job_id))  # a part finishing meanwhile may finish the job
 
     def prune(self, older_than_s: float) -> list[str]:
         """Delete the finished jobs submitted more than `older_than_s` seconds ago; returns
@@ -582,6 +566,6 @@ class JobStore:
                 p.zrem(self._keys.jobs(), job_id)
                 return True
 
-            if self._transaction(self._keys.job_states(job_id), delete_if_finished):  # a part re-queued meanwhile keeps the job
+            if transaction(self._redis, delete_if_finished, self._keys.job_states(job_id)):  # a part re-queued meanwhile keeps the job
                 pruned.append(job_id)
         return pruned

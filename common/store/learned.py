@@ -16,7 +16,7 @@ from ..finetune.learned import FinetuneRecord, measuring
 from ..finetune.trust import ProxyCheck
 from ..keys import Keys
 from ..schemas import Strict, utc_now
-from .connection import text
+from .connection import text, transaction
 
 MAX_RECORDS = 50  # per data key: older records are dropped
 LIVE_TTL_S = 3600  # a running fine-tune's partial record outlives its last update by at most this (s)
@@ -100,20 +100,17 @@ class LearnedStore:
         and written in one transaction, so of runs that start at once one claims each batch size."""
         name = self._keys.learned_live(data_key)
         batch_size, fresh_since = start.segments[0].batch_size, utc_now() - timedelta(seconds=LIVE_TTL_S)
-        with self._redis.pipeline() as p:
-            while True:
-                try:
-                    p.watch(name)
-                    raws = [v for k, v in p.hgetall(name).items() if text(k) != start.record_id]
-                    others = [r for r in _valid(FinetuneRecord, raws, name) if r.created_at >= fresh_since]
-                    if holder := measuring(others).get(batch_size):
-                        return holder
-                    p.multi()
-                    _show(p, name, start)
-                    p.execute()
-                    return None
-                except redis.WatchError:
-                    continue
+
+        def apply(p: redis.client.Pipeline) -> str | None:
+            raws = [v for k, v in p.hgetall(name).items() if text(k) != start.record_id]
+            others = [r for r in _valid(FinetuneRecord, raws, name) if r.created_at >= fresh_since]
+            if holder := measuring(others).get(batch_size):
+                return holder
+            p.multi()
+            _show(p, name, start)
+            return None
+
+        return transaction(self._redis, apply, name)
 
     def unpublish(self, data_key: str, record_id: str) -> None:
         """Take a fine-tune's partial record down (it ended)."""
