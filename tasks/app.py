@@ -89,19 +89,17 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_send_sent_event": False,  # Flower learns of a task when a worker receives it, under its label
         "task_default_queue": CONTROL_QUEUE,
         "task_routes": {task.value: {"queue": queue} for task, queue in FIXED_ROUTES.items()},
-        "task_annotations": task_annotations(settings),
+        "task_annotations": time_limits(settings),
         **signing_config(settings),
         **tls_config(settings.redis_url),
     }
 
 
-def task_annotations(settings: Settings) -> dict[str, dict[str, int | bool]]:
+def time_limits(settings: Settings) -> dict[str, dict[str, int]]:
     """Hard and soft time limits (s) per task kind: the soft one raises inside the task, so it
-    fails with the reason; the hard one ends its pool process, and a control task's message
-    then goes back to its queue (its step runs again) instead of being acknowledged, as no
-    lease stands for it (tasks/held_messages.py)."""
+    fails with the reason; the hard one ends its pool process."""
 
-    def limits(hard_s: int) -> dict[str, int | bool]:
+    def limits(hard_s: int) -> dict[str, int]:
         return {"time_limit": hard_s, "soft_time_limit": max(1, hard_s - min(60, hard_s // 10))}
 
     kinds = {
@@ -117,8 +115,7 @@ def task_annotations(settings: Settings) -> dict[str, dict[str, int | bool]]:
         TaskName.federated_aggregate: settings.training_time_limit_s,
         TaskName.federated_cleanup: settings.control_time_limit_s,
     }
-    requeued = {"acks_on_timeout": False}
-    return {task.value: limits(hard_s) | (requeued if FIXED_ROUTES.get(task) == CONTROL_QUEUE else {}) for task, hard_s in kinds.items()}
+    return {task.value: limits(hard_s) for task, hard_s in kinds.items()}
 
 
 def configure(settings: Settings, task_modules: tuple[str, ...] = TASK_MODULES) -> Celery:

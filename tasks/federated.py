@@ -27,13 +27,14 @@ from .app import app
 from .context import store
 from .contract import TaskName, device_queue, send, send_again, to_track
 from .effects import claim_and_profile
+from .held_messages import CONTROL_TASK_OPTIONS
 
 logger = get_task_logger(__name__)
 LOCK_TIMEOUT_S = 30  # an advance takes milliseconds; a killed worker's lock frees itself after this (s)
 MAX_STEPS = 4  # steps one advance takes while each changes the state (a round planner's step, then the next)
 
 
-@app.task(name=TaskName.federated_advance.value)
+@app.task(name=TaskName.federated_advance.value, **CONTROL_TASK_OPTIONS)
 def federated_advance(job_id: str) -> str:
     """Take the federated job `job_id` one step further; returns its phase."""
     s = store()

@@ -6,8 +6,7 @@ So a control task needs no lease (four Redis commands to take one and five to re
 job step): when the instance stops heartbeating, or its node heartbeats from another process
 (started again), the reaper (tasks/reaper.py) puts exactly that instance's messages back at the
 head of their queues. A pool process lost, or past its hard time limit, while its worker lives
-is Celery's to requeue (`task_reject_on_worker_lost`, and `acks_on_timeout` off for the
-control tasks: tasks/app.py)."""
+is Celery's to requeue (`task_reject_on_worker_lost`, and CONTROL_TASK_OPTIONS)."""
 
 from __future__ import annotations
 
@@ -16,6 +15,8 @@ from dataclasses import dataclass
 
 from celery import Celery
 from kombu.transport import redis as kombu_redis
+
+CONTROL_TASK_OPTIONS = {"acks_on_timeout": False}  # past its hard time limit a step goes back to its queue, to run again
 
 
 def transport_options(instance: str) -> dict[str, str]:

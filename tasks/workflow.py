@@ -47,6 +47,7 @@ from .app import app
 from .context import settings, store
 from .contract import TaskName, device_queue, send, send_again, send_tracked, wake_ups
 from .effects import claim_and_estimate, claim_and_profile
+from .held_messages import CONTROL_TASK_OPTIONS
 
 logger = get_task_logger(__name__)
 
@@ -153,7 +154,7 @@ def advance_device(job_id: str, device_id: str) -> None:
         send(app, TaskName.advance_page, device_page(job_id, position, settings().page_size))
 
 
-@app.task(name=TaskName.advance_job.value)
+@app.task(name=TaskName.advance_job.value, **CONTROL_TASK_OPTIONS)
 def advance_job(job_id: str) -> str:
     """Do the next step of every device part of job `job_id`: at once for a job of one page,
     else one `advance_page` task per page (control workers run them side by side, and no read
@@ -174,7 +175,7 @@ def advance_job(job_id: str) -> str:
     return "paged"
 
 
-@app.task(name=TaskName.advance_page.value, pydantic=True)
+@app.task(name=TaskName.advance_page.value, pydantic=True, **CONTROL_TASK_OPTIONS)
 def advance_page(page: JobPage) -> str:
     """Do the next step of the parts of one page of a job; returns "advanced", or the job's
     state when this step finished it."""

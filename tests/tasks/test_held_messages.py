@@ -66,8 +66,10 @@ def test_the_steps_of_a_control_worker_silent_for_a_lease_go_back_in_the_reapers
 
 def test_a_control_step_past_its_hard_time_limit_goes_back_to_its_queue_and_a_device_task_does_not(s) -> None:
     """No lease stands for a control task: Celery requeues it when its pool process is ended."""
-    importlib.import_module("edgetrain.tasks.device")
+    for module in ("edgetrain.tasks.device", "edgetrain.tasks.federated"):
+        importlib.import_module(module)
     tasks = context.app().tasks
     assert tasks[TaskName.advance_job.value].acks_on_timeout is False
     assert tasks[TaskName.advance_page.value].acks_on_timeout is False
+    assert tasks[TaskName.federated_advance.value].acks_on_timeout is False
     assert tasks[TaskName.finetune.value].acks_on_timeout is not False
