@@ -170,6 +170,11 @@ def to_track(task: TaskName, payload: BaseModel | str, queue: str | None = None,
     return SentTask(task_id=uuid.uuid4().hex, task=task.value, queue=queue or FIXED_ROUTES[task], payload=body, job_id=job_id)
 
 
+def tracked(task_id: str) -> bool:
+    """Whether `task_id` is one `to_track` made (32 hex digits; Celery's own ids have dashes)."""
+    return len(task_id) == 32 and all(c in "0123456789abcdef" for c in task_id)
+
+
 def wake_ups(job_ids: Sequence[str]) -> list[SentTask]:
     """An `advance_job` of each of `job_ids` (jobs waiting on a table or vector that is ready or
     failed), as the ledger of sent tasks keeps it."""

@@ -46,7 +46,7 @@ from edgetrain.common.settings import Settings
 from edgetrain.common.store import JobNotFoundError, Lease, Store, token_job
 
 from . import held_messages
-from .contract import HANDED_ON, TaskName, device_queue, queue_role, send, send_again, wake_ups
+from .contract import CONTROL_QUEUE, HANDED_ON, TaskName, device_queue, queue_role, send, send_again, wake_ups
 from .held_messages import Restored
 from .store_failover import note_failover
 
@@ -203,6 +203,8 @@ def _unheld(store: Store, app: Celery, queues: dict[str, str]) -> set[str]:
     """Those of the tasks (task id -> its queue) that no process runs (no lease) and whose
     message does not wait on their queue."""
     missing = set(queues) - store.liveness.held(list(queues))
+    if any(queues[t] == CONTROL_QUEUE for t in missing):  # a control worker's steps hold no lease
+        missing -= held_messages.held_ids(app, store.liveness.consumers())
     return missing - _queued(app, {queues[t] for t in missing}, missing) if missing else missing
 
 

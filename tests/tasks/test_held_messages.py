@@ -5,15 +5,16 @@ Real Redis and kombu channels; the worker is this process."""
 import importlib
 
 import redis
+from celery.signals import task_postrun
 from kombu import Connection
 
 from edgetrain.common.store import WorkerInfo
 from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.tasks import context
 from edgetrain.tasks.app import producer_app
-from edgetrain.tasks.contract import CONTROL_QUEUE, HANDED_ON, TaskName, send
-from edgetrain.tasks.held_messages import keep_apart, transport_options
-from edgetrain.tasks.reaper import reap_once, restore_gone_consumers
+from edgetrain.tasks.contract import CONTROL_QUEUE, HANDED_ON, TaskName, send, send_tracked, wake_ups
+from edgetrain.tasks.held_messages import keep_apart, strike_off_when_run, transport_options
+from edgetrain.tasks.reaper import reap_once, resend_lost, restore_gone_consumers
 
 NODE = "control@h"
 
@@ -73,3 +74,23 @@ def test_a_control_step_past_its_hard_time_limit_goes_back_to_its_queue_and_a_de
     assert tasks[TaskName.advance_page.value].acks_on_timeout is False
     assert tasks[TaskName.federated_advance.value].acks_on_timeout is False
     assert tasks[TaskName.finetune.value].acks_on_timeout is not False
+
+
+def test_a_wake_up_a_live_control_worker_holds_is_not_sent_again_and_is_struck_off_the_ledger_once_run(s, broker: redis.Redis) -> None:
+    """A control step of the ledger of sent tasks (a job woken when its table is ready) holds no
+    lease: while a live instance holds its message it is not sent again, and once it has run it
+    leaves the ledger (else the reaper would send it again and again)."""
+    (wake_up,) = wake_ups(["j1"])
+    send_tracked(context.app(), s.ledger, TaskName.advance_job, [wake_up.payload])
+    (recorded,) = s.ledger.unseen_since(float("inf"), 10)
+    beat(s, 111)
+    s.liveness.note_consumer(f"{NODE}:111")
+    taken = take_one(f"{NODE}:111")
+    broker.zadd(s.keys.sent_tasks(), {recorded.task_id: 0})  # last seen long ago
+    assert resend_lost(s, context.app(), context.settings()) == [] and queued_tasks(broker, CONTROL_QUEUE) == []
+    strike_off_when_run()
+    task_postrun.send(sender=None, task_id="6f1c7a52-4a1e-4b4e-9a57-3f3b2b1d0c11")  # a task of Celery's own id: not in the ledger
+    assert s.ledger.unseen_since(float("inf"), 10) == [recorded]
+    task_postrun.send(sender=None, task_id=recorded.task_id)
+    assert s.ledger.unseen_since(float("inf"), 10) == []
+    taken.close()

@@ -21,7 +21,7 @@ from edgetrain.common.store import DeviceIdTaken, Store, WorkerInfo
 from edgetrain.common.store.connection import stop_retrying
 from edgetrain.tasks import context
 from edgetrain.tasks.app import producer_app
-from edgetrain.tasks.held_messages import keep_apart
+from edgetrain.tasks.held_messages import keep_apart, strike_off_when_run
 from edgetrain.tasks.leases import hold_leases
 from edgetrain.tasks.reaper import Reaper
 from edgetrain.tasks.stopped import watch_stopped_tasks
@@ -102,6 +102,7 @@ def consume(queues: list[str], name: str, role: str, concurrency: int, loglevel:
         if reaper:  # a control worker's tasks hold no lease: its heartbeat stands for them
             keep_apart(context.app(), heartbeat.instance)
             store.liveness.note_consumer(heartbeat.instance)
+            strike_off_when_run()
             reaper.start()
         else:
             hold_leases()
