@@ -66,6 +66,8 @@ def _process_keeper() -> LeaseKeeper:
 def task_subject(name: str, args: tuple[Any, ...]) -> dict[str, Any]:
     """The job and device task `name` serves, read from its payload."""
     payload = args[0] if args else None
+    if name == TaskName.advance_job.value:
+        return {"job_id": payload}
     if isinstance(payload, dict):
         return {
             "job_id": payload.get("job_id"),

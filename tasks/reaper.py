@@ -140,7 +140,9 @@ def hand_on(store: Store, app: Celery, settings: Settings, lease: Lease) -> bool
         outcome = "re-queued"
     else:
         outcome = "its message was already handled"
-    if not store.liveness.reap(lease):
+    # an idle worker may take the message put back, and its run the lease, before the lease is
+    # reaped: the hand-on is this pass's all the same (only one pass puts the message back)
+    if not store.liveness.reap(lease) and outcome != "re-queued":
         return False
     store.monitoring.count(HANDED_ON, queue_role(lease.queue))
     message = f"the worker running {lease.task.removeprefix('edgetrain.')} ({lease.node}) stopped; {outcome}"

@@ -26,7 +26,7 @@ from edgetrain.common.schemas import DeviceInfo, EstimationRequest, JobSpec, Rel
 from edgetrain.common.store import Lease, Written
 from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.common.testing.tables import B, F, brute_force, random_monotone_table
-from edgetrain.tasks import context, workflow
+from edgetrain.tasks import context, reaper, workflow
 from edgetrain.tasks.client import poll_until
 from edgetrain.tasks.contract import SERVER_QUEUE, TaskName, device_queue
 from edgetrain.tasks.reaper import hand_on, reap_once
@@ -478,3 +478,25 @@ def test_a_lease_renewed_after_the_reaper_listed_it_is_not_handed_on(s, broker) 
     broker.delete("control")
     assert not hand_on(s, context.app(), context.settings(), listed)
     assert s.liveness.lease("t1") == lease and queued_tasks(broker, "control") == []
+
+
+def test_a_lost_task_whose_message_a_worker_takes_before_its_lease_is_reaped_is_handed_on_and_said_so(s, broker, monkeypatch) -> None:
+    """An idle server worker takes the message put back at once, and its new run takes the
+    lease before the reaper removes the old one: the hand-on is said in the job's events and
+    counted all the same, and the new run's lease is left alone."""
+    register(s, "d1")
+    submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}])
+    lease = Lease(task_id="t1", task=TaskName.train_proxy.value, attempt="a1", node="server-0@gone", queue="server", job_id="j1")
+    s.liveness.take(lease)
+    broker.zadd(s.keys.leases(), {"t1": 0})
+    again = lease.model_copy(update={"attempt": "a2", "node": "server-0@back"})
+
+    def put_back_and_taken_at_once(_app, task_id: str) -> bool:
+        s.liveness.take(again)
+        return task_id == "t1"
+
+    monkeypatch.setattr(reaper, "restore_message", put_back_and_taken_at_once)
+    assert hand_on(s, context.app(), context.settings(), lease)
+    assert s.liveness.lease("t1") == again
+    assert [e.kind for e in s.jobs.status("j1").events][-1] == EventKind.attempt_lost
+    assert s.monitoring.counts("handed_on") == {"server": 1}
