@@ -9,7 +9,8 @@ head of their queues. A pool process lost, or past its hard time limit, while it
 is Celery's to requeue (`task_reject_on_worker_lost`, and CONTROL_TASK_OPTIONS). The tasks of
 the ledger of sent tasks that a control worker runs (wake-ups, a big job's pages) are struck off
 once run, as a lease's release does elsewhere, and count as held while a live instance holds
-their message."""
+their message. The reaper reads and restores the other workers' unacknowledged messages, under
+kombu's shared keys, here too."""
 
 from __future__ import annotations
 
@@ -40,37 +41,51 @@ def keep_apart(app: Celery, instance: str) -> None:
 
 
 @dataclass(frozen=True)
-class Restored:
-    """A message put back on its queue."""
+class TaskMessage:
+    """A task's broker message: its task, its id and, for an unacknowledged one, its queue."""
 
     task: str
     task_id: str
-    queue: str
+    queue: str | None = None
 
 
-def _restored(raw: bytes | str) -> Restored:
-    """What an entry of kombu's unacknowledged hash ([message, exchange, routing key]) was."""
+def task_message(raw: bytes | str, unacked: bool = False) -> TaskMessage | None:
+    """A message waiting on a queue, or an entry of kombu's hash of unacknowledged messages
+    (`unacked`: [message, exchange, routing key]); None for anything else (a malformed message,
+    which a worker drops when it takes it, is no reason to stop the reaper's pass)."""
     try:
-        message, _, queue = json.loads(raw)
-        headers = message.get("headers") or {}
-        return Restored(str(headers.get("task", "?")), str(headers.get("id", "?")), str(queue))
-    except (ValueError, TypeError, AttributeError):
-        return Restored("?", "?", "?")
+        message = json.loads(raw)
+    except ValueError:
+        return None
+    queue = None
+    if unacked:
+        if not (isinstance(message, list) and len(message) == 3):
+            return None
+        message, _, queue = message
+    headers = message.get("headers") if isinstance(message, dict) else None
+    if not isinstance(headers, dict) or not isinstance(task_id := headers.get("id"), str):
+        return None
+    return TaskMessage(str(headers.get("task", "?")), task_id, None if queue is None else str(queue))
 
 
-def restore(app: Celery, instance: str) -> list[Restored]:
-    """Put every message `instance` took and did not acknowledge back at the head of its queue
-    (kombu's own restore, each in one transaction, so two control workers doing it at once put
-    each message back once)."""
-    keys = transport_options(instance)
+def restore(app: Celery, instance: str | None = None, task_ids: set[str] | None = None) -> list[TaskMessage]:
+    """Put the messages `instance` took and did not acknowledge (None: any server or device
+    worker, whose share kombu's default keys) back at the head of their queues, only those of
+    `task_ids` when given; kombu's own restore, each in one transaction, so two control workers
+    doing it at once put each message back once. Returns them."""
+    restored = []
     with app.connection_for_write() as connection:
         channel = connection.default_channel
         qos = kombu_redis.QoS(channel)
-        qos.unacked_key, qos.unacked_index_key = keys["unacked_key"], keys["unacked_index_key"]
-        held = channel.client.hgetall(qos.unacked_key)
-        for tag in held:
-            qos.restore_by_tag(tag)
-    return [_restored(raw) for raw in held.values()]
+        if instance is not None:
+            keys = transport_options(instance)
+            qos.unacked_key, qos.unacked_index_key = keys["unacked_key"], keys["unacked_index_key"]
+        for tag, raw in channel.client.hgetall(qos.unacked_key).items():
+            message = task_message(raw, unacked=True)
+            if task_ids is None or (message is not None and message.task_id in task_ids):
+                qos.restore_by_tag(tag)
+                restored.append(message or TaskMessage("?", "?"))
+    return restored
 
 
 def held_ids(app: Celery, instances: list[str]) -> set[str]:
@@ -79,7 +94,7 @@ def held_ids(app: Celery, instances: list[str]) -> set[str]:
     with app.connection_for_write() as connection, connection.default_channel.client.pipeline(transaction=False) as p:
         for instance in instances:
             p.hvals(transport_options(instance)["unacked_key"])
-        return {_restored(raw).task_id for raws in p.execute() for raw in raws}
+        return {message.task_id for raws in p.execute() for raw in raws if (message := task_message(raw, unacked=True))}
 
 
 def _ran(task_id: str, **_: Any) -> None:

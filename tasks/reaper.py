@@ -29,7 +29,6 @@ again."""
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -47,26 +46,11 @@ from edgetrain.common.store import JobNotFoundError, Lease, Store, token_job
 
 from . import held_messages
 from .contract import CONTROL_QUEUE, HANDED_ON, TaskName, device_queue, queue_role, send, send_again, wake_ups
-from .held_messages import Restored
+from .held_messages import TaskMessage
 from .store_failover import note_failover
 
 logger = logging.getLogger(__name__)
 RECHECK_BATCH = 500  # dispatched fine-tunes looked at per pass, at most
-
-
-def _task_id(raw: bytes | str, unacked: bool = False) -> str | None:
-    """The task id of a queued broker message, or of an entry of kombu's hash of unacknowledged
-    messages (`unacked`: [message, exchange, key]); None for anything else (a malformed message,
-    which a worker drops when it takes it, is no reason to stop a pass)."""
-    try:
-        message = json.loads(raw)
-    except ValueError:
-        return None
-    if unacked:
-        message = message[0] if isinstance(message, list) and message else None
-    headers = message.get("headers") if isinstance(message, dict) else None
-    task_id = headers.get("id") if isinstance(headers, dict) else None
-    return task_id if isinstance(task_id, str) else None
 
 
 def restore_message(app: Celery, task_id: str) -> bool:
@@ -81,19 +65,12 @@ def _queued(app: Celery, queues: set[str], task_ids: set[str]) -> set[str]:
         for queue in queues:
             p.lrange(queue, 0, -1)
         waiting = [raw for raws in p.execute() for raw in raws]
-    return {i for raw in waiting if (i := _task_id(raw)) in task_ids}
+    return {m.task_id for raw in waiting if (m := held_messages.task_message(raw)) and m.task_id in task_ids}
 
 
 def _restore_unacked(app: Celery, task_ids: set[str]) -> set[str]:
     """Put back on their queues the unacknowledged messages of `task_ids`; returns those found."""
-    restored = set()
-    with app.connection_for_write() as connection:
-        channel = connection.default_channel
-        for tag, raw in channel.client.hgetall(channel.unacked_key).items():
-            if (task_id := _task_id(raw, unacked=True)) in task_ids:
-                channel.qos.restore_by_tag(tag)
-                restored.add(task_id)
-    return restored
+    return {message.task_id for message in held_messages.restore(app, task_ids=task_ids)}
 
 
 def _release_profile(store: Store, app: Celery, lease: Lease) -> str:
@@ -154,7 +131,7 @@ def hand_on(store: Store, app: Celery, settings: Settings, lease: Lease) -> bool
     return True
 
 
-def restore_gone_consumers(store: Store, app: Celery, settings: Settings) -> list[Restored]:
+def restore_gone_consumers(store: Store, app: Celery, settings: Settings) -> list[TaskMessage]:
     """Put back on their queues the messages that control worker instances took and never
     acknowledged, once an instance has not heartbeated for `lease_ttl_s` or its node heartbeats
     from another process (tasks/held_messages.py). Returns them."""

@@ -163,13 +163,13 @@ class Liveness:
     def gone(self, instances: list[str], ttl_s: float) -> list[str]:
         """Those of `instances` (node:pid) not heard from within `ttl_s` seconds: their node
         did not heartbeat, or it did from another process (the worker was started again)."""
-        nodes = [instance.rpartition(":")[0] for instance in instances]
+        named = [instance.rpartition(":") for instance in instances]  # (node, ":", pid)
+        nodes = [node for node, _, _ in named]
         heard, now = self.heard_at(nodes), self.now()
         raws = self._redis.mget([self._keys.worker(n) for n in nodes]) if nodes else []
         return [
-            instance for instance, node, raw in zip(instances, nodes, raws)
-            if raw is None or heard.get(node, 0.0) < now - ttl_s
-            or str(WorkerInfo.model_validate_json(raw).pid) != instance.rpartition(":")[2]
+            instance for instance, (node, _, pid), raw in zip(instances, named, raws)
+            if raw is None or heard.get(node, 0.0) < now - ttl_s or str(WorkerInfo.model_validate_json(raw).pid) != pid
         ]  # fmt: skip
 
     def request_stop(self, instance: str, ttl_s: float = 3600) -> None:
