@@ -15,6 +15,7 @@ kombu's shared keys, here too."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,22 @@ def task_message(raw: bytes | str, unacked: bool = False) -> TaskMessage | None:
     if not isinstance(headers, dict) or not isinstance(task_id := headers.get("id"), str):
         return None
     return TaskMessage(str(headers.get("task", "?")), task_id, None if queue is None else str(queue))
+
+
+_HEADER_ID = re.compile(rb'"id":\s*"([^"\\]*)"')  # a message's task id as kombu's JSON writes it (its body is base64)
+
+
+def waiting(raws: list[bytes], task_ids: set[str]) -> set[str]:
+    """Those of `task_ids` whose message is among `raws` (messages waiting on a queue). Only a
+    message that names one of them, or whose id cannot be read without parsing it, is parsed
+    whole: a device's queue can hold thousands of fine-tunes that the reaper looks through."""
+    wanted = {t.encode() for t in task_ids}
+    found = set()
+    for raw in raws:
+        named = _HEADER_ID.findall(raw)
+        if (not named or wanted.intersection(named)) and (m := task_message(raw)) and m.task_id in task_ids:
+            found.add(m.task_id)
+    return found
 
 
 def restore(app: Celery, instance: str | None = None, task_ids: set[str] | None = None) -> list[TaskMessage]:

@@ -64,8 +64,7 @@ def _queued(app: Celery, queues: set[str], task_ids: set[str]) -> set[str]:
     with app.connection_for_write() as connection, connection.default_channel.client.pipeline(transaction=False) as p:
         for queue in queues:
             p.lrange(queue, 0, -1)
-        waiting = [raw for raws in p.execute() for raw in raws]
-    return {m.task_id for raw in waiting if (m := held_messages.task_message(raw)) and m.task_id in task_ids}
+        return held_messages.waiting([raw for raws in p.execute() for raw in raws], task_ids)
 
 
 def _restore_unacked(app: Celery, task_ids: set[str]) -> set[str]:

@@ -3,6 +3,7 @@
 Real Redis and kombu channels; the worker is this process."""
 
 import importlib
+import json
 
 import redis
 from celery.signals import task_postrun
@@ -13,7 +14,7 @@ from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.tasks import context
 from edgetrain.tasks.app import producer_app
 from edgetrain.tasks.contract import CONTROL_QUEUE, HANDED_ON, TaskName, send, send_tracked, wake_ups
-from edgetrain.tasks.held_messages import keep_apart, strike_off_when_run, transport_options
+from edgetrain.tasks.held_messages import keep_apart, strike_off_when_run, transport_options, waiting
 from edgetrain.tasks.reaper import reap_once, resend_lost, restore_gone_consumers
 
 NODE = "control@h"
@@ -94,3 +95,20 @@ def test_a_wake_up_a_live_control_worker_holds_is_not_sent_again_and_is_struck_o
     task_postrun.send(sender=None, task_id=recorded.task_id)
     assert s.ledger.unseen_since(float("inf"), 10) == []
     taken.close()
+
+
+def test_the_reaper_finds_a_waiting_message_by_its_task_id_not_by_an_id_another_message_names(s) -> None:
+    """A device's queue can hold thousands of fine-tunes: only those whose id is sought are parsed."""
+    app = context.app()
+    sought, named, compact, absent = "f" * 32, "e" * 32, "d" * 32, "c" * 32
+    for k in range(20):
+        app.send_task(TaskName.finetune.value, args=[named], task_id=f"{k:032x}", queue="device.q")
+    app.send_task(TaskName.finetune.value, args=[], task_id=sought, queue="device.q")
+    with app.connection_for_write() as connection:
+        client = connection.default_channel.client
+        message = json.loads(client.lindex("device.q", 0))
+        message["headers"]["id"] = compact
+        client.lpush("device.q", json.dumps(message, separators=(",", ":")), b"not json")
+        raws = client.lrange("device.q", 0, -1)
+    assert len(raws) == 23 and all(isinstance(raw, bytes) for raw in raws)
+    assert waiting(raws, {sought, named, compact, absent}) == {sought, compact}
