@@ -39,6 +39,8 @@ from edgetrain.common.federated.rounds import (
     buffer_record,
     buffer_weights,
     delta,
+    drift_correction,
+    next_control,
     round_record,
     train_round,
 )
@@ -81,7 +83,7 @@ def federated_train(self: Task, request: TrainRequest) -> str:
         return found.value
     what = f"work {request.work}" if request.work is not None else f"round {r}"
     try:
-        update = _train(record, request, device, *found)
+        update = _train(record, state, request, device, *found)
     except Exception as exc:  # its data, the model or the device: say why in the job's events; the job goes on without it
         if (after := s.federated.state(job_id)) is None or _late(after, request):  # closed meanwhile: its starting weights may be gone
             logger.info("federated %s %s on %s: no longer in flight, its training stopped: %s", job_id, what, request.device_id, exc)
@@ -93,7 +95,8 @@ def federated_train(self: Task, request: TrainRequest) -> str:
         s.federated.apply(job_id, UpdateAccepted(update=update))
         outcome = Accepted.accepted
     except UpdateRefused as exc:
-        _remove(update.weights)  # this run's own artifact: an accepted update names another
+        for artifact in update.artifacts():  # this run's own artifacts: an accepted update names others
+            _remove(artifact)
         outcome = exc.outcome
         s.federated.note(job_id, EventKind.federated_update, f"{what}: update discarded ({outcome.value}: {exc})", request.device_id)
     send(app, TaskName.federated_advance, job_id)
@@ -137,22 +140,31 @@ def _late(state: FederatedState, request: TrainRequest) -> bool:
     return state.round != request.round or state.phase != Phase.training
 
 
-def _train(record: FederatedRecord, request: TrainRequest, device: Device, a: Assignment, start_weights: str,
+def _train(record: FederatedRecord, state: FederatedState, request: TrainRequest, device: Device, a: Assignment, start_weights: str,
            work: Work | None) -> LocalUpdate:  # fmt: skip
-    """Train the assignment's local steps from the global weights `start_weights` and store the
-    update's weights (buffered: their change from the start) under a name of this run's own."""
+    """Train the assignment's local steps from the global weights `start_weights` (with drift
+    correction, corrected by the state's control variates) and store the update's weights
+    (buffered: their change from the start) and its control variate under names of this run's own."""
     spec = record.spec
     model, start = _global(record, start_weights)
     data = device_data(spec, request.device_id)
+    fix = drift_correction(_variate(state.control), _variate(state.drift.get(request.device_id)))
     device.bind_workload(measure_workload(spec.model, model, get_model(spec.model).example_input(num_classes(spec))))
     try:
-        result, trained = train_round(spec, model, start, data, a, request.work or request.round, device)
+        result, trained = train_round(spec, model, start, data, a, request.work or request.round, device, fix)
     finally:
         device.restore()
     name = f"fed-{record.job_id}-r{request.round}-{request.device_id}-{uuid.uuid4().hex[:8]}"
     weights = put_state(result.state if work is None else delta(result.state, start), name, settings().artifact_dir)
+    gradient = None if result.gradient is None else put_state(result.gradient, f"{name}-drift", settings().artifact_dir)
     return LocalUpdate(job_id=record.job_id, device_id=request.device_id, round=request.round, weights=weights, held_samples=len(data),
-                       trained=trained, work=request.work, started_s=work.started_s if work is not None else 0.0)  # fmt: skip
+                       trained=trained, work=request.work, started_s=work.started_s if work is not None else 0.0,
+                       gradient=gradient)  # fmt: skip
+
+
+def _variate(reference: str | None) -> State | None:
+    """A control variate of drift correction, from its artifact (None: none yet)."""
+    return None if reference is None else get_state(reference, settings().artifact_dir)
 
 
 @app.task(name=TaskName.federated_aggregate.value, pydantic=True)
@@ -174,6 +186,7 @@ def federated_aggregate(request: AggregateRequest) -> float | None:
         model, current = _global(record, state.global_weights)
         merged = _merged(record, state, current, used, stale) if used else current  # no update: the global model stays
         weights = put_state(merged, f"fed-{job_id}-r{r}-global", settings().artifact_dir) if used else state.global_weights
+        control, drift = _next_control(record, state, used, r)
         accuracy, held_out = score(record.spec, model, merged)
     except Exception as exc:  # the server cannot aggregate or evaluate (the test set, the weights): the job fails, saying why
         reason = f"round {r}: aggregation failed: {describe(exc)}"
@@ -185,17 +198,31 @@ def federated_aggregate(request: AggregateRequest) -> float | None:
     else:
         done = round_record(r, accuracy, [u.trained for u in used], state.elapsed_s, [a.device_id for a in state.assignments], held_out)
     try:
-        s.federated.apply(job_id, RoundAggregated(record=done, weights=weights))
-    except Refused:  # aggregated by another run, or the job ended meanwhile: this run's own new model, unless the job reads it
+        s.federated.apply(job_id, RoundAggregated(record=done, weights=weights, control=control, drift=drift))
+    except Refused:  # aggregated by another run, or the job ended meanwhile: this run's own new models, unless the job reads them
         now = s.federated.state(job_id)
-        if used and (now is None or weights not in now.models_needed()):
-            _remove(weights)
+        for own in [weights, control] if used else []:
+            if own is not None and (now is None or own not in now.models_needed()):
+                _remove(own)
         return None
     for u in updates.values():
-        _remove(u.weights)
+        for artifact in u.artifacts():
+            if artifact not in drift.values():  # a control variate taken in stays until the device's next one replaces it
+                _remove(artifact)
     _delete_models(job_id)
     send(app, TaskName.federated_advance, job_id)
     return accuracy
+
+
+def _next_control(record: FederatedRecord, state: FederatedState, used: list[LocalUpdate], r: int) -> tuple[str | None, dict[str, str]]:
+    """Drift correction: the server's new control variate (stored) and each device's new one,
+    from the updates `used` that bring one; (None, {}) when none does."""
+    taken = {u.device_id: u.gradient for u in used if u.gradient}
+    if not taken:
+        return None, {}
+    changed = [(_variate(state.drift.get(d)), get_state(g, settings().artifact_dir)) for d, g in taken.items()]
+    control = next_control(_variate(state.control), changed, len(record.spec.devices))
+    return put_state(control, f"fed-{record.job_id}-r{r}-control", settings().artifact_dir), taken
 
 
 def _merged(record: FederatedRecord, state: FederatedState, current: State, used: list[LocalUpdate], stale: list[int]) -> State:

@@ -29,13 +29,14 @@ from ..limits import MAX_SEEDS
 from ..schemas import RelationVector, Seeds, Strict, TrainingOutcome
 from .plan import Assignment
 from .records import RoundRecord
-from .simulate import ASYNC, BUDGET, FEDNOVA, VECTOR, FederatedRun, simulate, twin_table
+from .simulate import ASYNC, BUDGET, FEDNOVA, SCAFFOLD, VECTOR, FederatedRun, simulate, twin_table
 from .spec import DEADLINE, MAX_ROUNDS, FederatedSpec
 from .vector import ProxyRuns, read_vector
 
 LABELS = {
     "baseline1": "Baseline 1", f"baseline1{DEADLINE}": "Baseline 1, partial work to the deadline", "equation4": "eq. (4), equal steps",
     "edgetrain": "edgetrain (time-balanced)", f"edgetrain{FEDNOVA}": "edgetrain + FedNova (time-balanced)",
+    f"edgetrain{SCAFFOLD}": "edgetrain + drift correction (time-balanced, SCAFFOLD)",
     f"edgetrain{ASYNC}": "edgetrain async (buffered)", f"edgetrain{BUDGET}": "edgetrain within the fleet power budget (time-balanced)",
     f"equation4{VECTOR}": "eq. (4) + vector, equal steps", f"edgetrain{VECTOR}": "edgetrain + vector (time-balanced)",
 }  # fmt: skip
@@ -126,13 +127,17 @@ class FederatedEvaluationSpec(Strict):
 
     def run_spec(self, method: str, seed: int) -> FederatedSpec:
         """The job of one run, validated as a submitted job is: `method` (without `+vector`,
-        `+budget`, `+fednova` or `+async`) choosing every device's work, within the job's fleet
-        power budget for a `+budget` method (without one otherwise), aggregated with FedNova for
-        a `+fednova` method, buffered for an `+async` one (`async_buffer_size`; as many local
+        `+budget`, `+fednova`, `+async` or `+scaffold`) choosing every device's work, within the
+        job's fleet power budget for a `+budget` method (without one otherwise), aggregated with
+        FedNova for a `+fednova` method, with drift correction for a `+scaffold` one (without
+        otherwise), buffered for an `+async` one (`async_buffer_size`; as many local
         works at most as `max_rounds` rounds of every device, within MAX_ROUNDS aggregations)
         and FedAvg in rounds otherwise, `seed` its seed."""
         job = self.job.model_dump()
-        job["local"]["method"] = method.removesuffix(FEDNOVA).removesuffix(VECTOR).removesuffix(ASYNC).removesuffix(BUDGET)
+        job["local"]["method"] = method
+        for suffix in (SCAFFOLD, FEDNOVA, ASYNC, BUDGET, VECTOR):
+            job["local"]["method"] = job["local"]["method"].removesuffix(suffix)
+        job["aggregation"]["drift"] = "scaffold" if method.endswith(SCAFFOLD) else "none"
         if not method.endswith(BUDGET):
             job["local"]["fleet_power_w"] = None
         if method.endswith(ASYNC):

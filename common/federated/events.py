@@ -96,11 +96,14 @@ class RoundClosed(_Event):
 
 
 class RoundAggregated(_Event):
-    """The closed round is aggregated: the new global model (`weights`) and its round record."""
+    """The closed round is aggregated: the new global model (`weights`) and its round record;
+    with drift correction, the server's new control variate and the devices' that changed."""
 
     kind: Literal["round_aggregated"] = "round_aggregated"
     record: RoundRecord
     weights: str
+    control: str | None = None
+    drift: dict[str, str] = Field(default_factory=dict)
 
 
 class WorkStarted(_Event):
@@ -235,6 +238,7 @@ def _aggregated(state: FederatedState, event: RoundAggregated, now: datetime) ->
     changes = {
         "phase": Phase.aggregated, "global_weights": event.weights, "accuracy": done.accuracy, "elapsed_s": done.elapsed_s,
         "empty_rounds": 0 if done.devices else state.empty_rounds + 1, "assignments": [], "received": {}, "closed_with": [],
+        "control": event.control or state.control, "drift": {**state.drift, **event.drift},
     }  # fmt: skip
     message = f"round {done.round} aggregated {len(done.devices)} updates: global accuracy {done.accuracy:.4f}"
     fields = {"round": done.round, "updates": len(done.devices), "accuracy": done.accuracy}

@@ -95,7 +95,9 @@ class LocalUpdate(Strict):
     samples it holds (its FedAvg weight) and what its local steps took. Buffered: `work` names
     the work it hands in, `round` is the aggregation its work started before (the global model
     of `round` - 1 aggregations), `started_s` the device's clock then (device s since the job
-    started), and `weights` hold the change from the work's starting weights."""
+    started), and `weights` hold the change from the work's starting weights. With drift
+    correction, `gradient` is where its control variate is (the mean gradient of its steps;
+    common/federated/rounds.py)."""
 
     job_id: str
     device_id: Identifier
@@ -105,6 +107,11 @@ class LocalUpdate(Strict):
     trained: DeviceRound
     work: int | None = Field(None, ge=1)
     started_s: float = Field(0.0, ge=0)
+    gradient: str | None = None
+
+    def artifacts(self) -> list[str]:
+        """The artifacts the update names: its weights and, with drift correction, its control variate."""
+        return [self.weights, *([self.gradient] if self.gradient else [])]
 
     @property
     def key(self) -> str:
@@ -186,6 +193,8 @@ class FederatedState(Strict):
     aggregating: dict[str, str] = Field(default_factory=dict, description="buffered: the buffer being aggregated (key -> digest)")
     device_clock_s: dict[str, float] = Field(default_factory=dict, description="buffered: each device's clock (device s of its works)")
     dropped: list[Work] = Field(default_factory=list, description="buffered: the works dropped since the last aggregation recorded")
+    control: str | None = Field(None, description="drift correction: the server's control variate (an artifact reference)")
+    drift: dict[str, str] = Field(default_factory=dict, description="drift correction: device -> its control variate's artifact")
 
     def assigned(self, device_id: str) -> Assignment | None:
         """The open round's assignment of `device_id`, if it has one."""
@@ -196,9 +205,12 @@ class FederatedState(Strict):
         return next((w for w in self.in_flight if w.work == number), None)
 
     def models_needed(self) -> set[str]:
-        """The models the job still reads: its global model, and (buffered) those its works in
-        flight start from."""
-        return {self.global_weights, *(w.weights for w in self.in_flight)}
+        """The models the job still reads: its global model, (buffered) those its works in
+        flight start from and, until it ends, (drift correction) the control variates."""
+        needed = {self.global_weights, *(w.weights for w in self.in_flight)}
+        if self.phase not in FINAL:
+            needed |= {*([self.control] if self.control else []), *self.drift.values()}
+        return needed
 
 
 class TrainRequest(Strict):

@@ -1,7 +1,18 @@
 """One federated round's work, the same on the workers and in the in-process simulation: a
 device's local training from the global model (`train_round`), the aggregation of the updates
-that arrived (`aggregate`: FedAvg or FedNova's normalized averaging) and the round's record;
-common/federated/fairness.py scores the global model."""
+that arrived (`aggregate`: FedAvg or FedNova's normalized averaging), the drift correction's
+control variates (`drift_correction`, `next_control`) and the round's record;
+common/federated/fairness.py scores the global model.
+
+Drift correction (`aggregation.drift: scaffold`, after SCAFFOLD, Karimireddy et al., ICML
+2020): a device's local steps on its own labels pull the model toward them, the more the more
+steps it takes, so time-balanced rounds on a skewed split converge to a model of the fast
+devices' data. Each device's control variate c_i is the mean gradient of its own loss over its
+last local work (collected from the steps it takes anyway: no extra pass); the server's c is
+the mean of the devices' c_i; every local step adds c - c_i to its gradient before the
+optimizer's step, so it follows the fleet's gradient rather than its own data's. With Adam the
+corrected gradient is then normalized as any other. A device without a c_i yet trains
+uncorrected."""
 
 from __future__ import annotations
 
@@ -26,7 +37,8 @@ State = dict[str, torch.Tensor]
 @dataclass(frozen=True)
 class LocalResult:
     """A device's update: its weights after `steps` local steps of `samples` samples, the
-    device time (s), energy (J) and peak power (W) they took (None without a device)."""
+    device time (s), energy (J) and peak power (W) they took (None without a device) and,
+    for drift correction, its control variate."""
 
     state: State
     steps: int
@@ -35,6 +47,7 @@ class LocalResult:
     energy_j: float | None
     peak_power_w: float | None
     simulated: bool
+    gradient: State | None = None  # drift correction: the mean gradient of its own loss over the steps (its new c_i)
 
 
 def round_seed(seed: int, round_number: int, device_id: str) -> int:
@@ -44,23 +57,17 @@ def round_seed(seed: int, round_number: int, device_id: str) -> int:
 
 def local_train(
     model: nn.Module, global_state: State, data: TensorDataset, assignment: Assignment, lr: LearningRatePolicy,
-    mu: float, seed: int, device: Device | None = None,
+    mu: float, seed: int, device: Device | None = None, drift: bool = False, correction: State | None = None,
 ) -> LocalResult:  # fmt: skip
     """Train `model` from `global_state` on `data` for the assignment's steps at its batch size
     (a fresh optimizer, lr scaled for the batch) and, with `device`, at its frequency, measured;
-    `mu` > 0 adds FedProx's proximal term (its gradient mu * (w - w_global) before each step)."""
+    `mu` > 0 adds FedProx's proximal term (its gradient mu * (w - w_global) before each step).
+    `drift`: also return the mean gradient of the loss over the steps (the device's control
+    variate), and add `correction` (c - c_i, by parameter name) to every step's gradient."""
     model.load_state_dict(global_state)
     b = min(assignment.batch_size, len(data))
     optimizer = make_optimizer(model, lr, b)
-    if mu > 0:
-        anchor = [p.detach().clone() for p in model.parameters()]
-
-        def proximal(*_: object) -> None:
-            for p, w in zip(model.parameters(), anchor):
-                if p.grad is not None:
-                    p.grad.add_(p.detach() - w, alpha=mu)
-
-        optimizer.register_step_pre_hook(proximal)
+    summed = _gradient_hooks(model, optimizer, mu, drift, correction)
     trainer = Trainer(model, optimizer, b, data, None, seed)
     if device is None:
         for _ in range(assignment.local_steps):
@@ -70,21 +77,51 @@ def local_train(
         device.set_frequency(assignment.frequency_hz)
         measured = device.run_steps(trainer.step, b, assignment.local_steps)
     state = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
+    gradient = {name: (g / max(1, trainer.steps)).cpu() for name, g in summed.items()} if drift else None
     return LocalResult(
         state=state, steps=trainer.steps, samples=trainer.samples,
         device_time_s=measured.elapsed_s if measured else None, energy_j=measured.energy_j if measured else None,
         peak_power_w=measured.peak_power_w if measured else None, simulated=bool(measured and measured.simulated),
+        gradient=gradient,
     )  # fmt: skip
+
+
+def _gradient_hooks(model: nn.Module, optimizer: torch.optim.Optimizer, mu: float, drift: bool, correction: State | None) -> State:
+    """Register what runs on each parameter's gradient before every optimizer step, in order:
+    with `drift`, summing the loss's own gradient (the sums are returned, by parameter name;
+    empty without drift); FedProx's proximal gradient mu * (w - w_global) when `mu` > 0; with
+    drift, adding `correction`."""
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    summed = {name: torch.zeros_like(p) for name, p in named} if drift else {}
+    anchor = {name: p.detach().clone() for name, p in named} if mu > 0 else {}
+    shift = {name: correction[name].to(p.device) for name, p in named} if drift and correction is not None else {}
+
+    def before_step(*_: object) -> None:
+        for name, p in named:
+            if p.grad is None:
+                continue
+            if summed:
+                summed[name].add_(p.grad)
+            if anchor:
+                p.grad.add_(p.detach() - anchor[name], alpha=mu)
+            if shift:
+                p.grad.add_(shift[name])
+
+    if summed or anchor or shift:
+        optimizer.register_step_pre_hook(before_step)
+    return summed
 
 
 def train_round(
     spec: FederatedSpec, model: nn.Module, global_state: State, data: TensorDataset, assignment: Assignment, round_number: int,
-    device: Device,
+    device: Device, correction: State | None = None,
 ) -> tuple[LocalResult, DeviceRound]:  # fmt: skip
     """A device's local work of round `round_number` as `assignment` says, from the global
-    weights, seeded by the job, the round and the device, measured on `device`."""
+    weights, seeded by the job, the round and the device, measured on `device`; with drift
+    correction, corrected by `correction` (`drift_correction`) and returning its control variate."""
     seed = round_seed(spec.seed, round_number, assignment.device_id)
-    result = local_train(model, global_state, data, assignment, spec.lr, spec.aggregation.mu, seed, device)
+    drift = spec.aggregation.drift == "scaffold"
+    result = local_train(model, global_state, data, assignment, spec.lr, spec.aggregation.mu, seed, device, drift, correction)
     assert result.device_time_s is not None and result.energy_j is not None, "a device measures its steps"
     trained = DeviceRound(assignment=assignment, device_time_s=result.device_time_s, energy_j=result.energy_j, samples=result.samples,
                           simulated=result.simulated)  # fmt: skip
@@ -166,6 +203,31 @@ def fedavg(updates: Sequence[tuple[State, float]]) -> State:
         else:
             merged[key] = value.clone()
     return merged
+
+
+def drift_correction(control: State | None, own: State | None) -> State | None:
+    """What a device adds to each local step's gradient: the server's control variate minus its
+    own (c - c_i), by parameter name; None (no correction) until both are known."""
+    if control is None or own is None:
+        return None
+    return {name: control[name] - own[name] for name in own}
+
+
+def next_control(control: State | None, changed: Sequence[tuple[State | None, State]], devices: int) -> State:
+    """The server's control variate c, the mean of every device's c_i, after the devices of a
+    round replaced theirs (`changed`: (c_i before, or None the first time; c_i now)), the job
+    having `devices` devices (a device not heard from yet counts as 0)."""
+    if not changed:
+        raise ValueError("no control variate to take in")
+    out = {name: v.clone().double() for name, v in control.items()} if control is not None else None
+    for before, now in changed:
+        if out is None:
+            out = {name: torch.zeros_like(v, dtype=torch.float64) for name, v in now.items()}
+        for name, value in now.items():
+            moved = value.double() - (before[name].double() if before is not None else 0.0)
+            out[name] += moved / devices
+    assert out is not None
+    return {name: v.float() for name, v in out.items()}
 
 
 def delta(trained: State, start: State) -> State:

@@ -31,6 +31,8 @@ from .rounds import (
     buffer_record,
     buffer_weights,
     delta,
+    drift_correction,
+    next_control,
     round_record,
     round_seed,
     train_round,
@@ -39,6 +41,7 @@ from .spec import FederatedDevice, FederatedSpec
 
 VECTOR = "+vector"  # a run's method with this suffix chose every (b, f) with a relation vector
 FEDNOVA = "+fednova"  # a run's method with this suffix aggregated with FedNova's normalized averaging
+SCAFFOLD = "+scaffold"  # a run's method with this suffix corrected its local steps for drift (aggregation.drift)
 ASYNC = "+async"  # a run's method with this suffix ran buffered (asynchronous) aggregation
 BUDGET = "+budget"  # a run's method with this suffix planned its rounds within the job's fleet power budget
 
@@ -48,7 +51,8 @@ class FederatedRun(Strict):
     from twins are SIMULATED."""
 
     method: str = Field(description="the job's local.method; with `+vector` when a relation vector chose (b, f), `+budget` when "
-                                     "a fleet power budget held, `+fednova` when FedNova aggregated")  # fmt: skip
+                                     "a fleet power budget held, `+fednova` when FedNova aggregated, `+scaffold` with drift "
+                                     "correction")  # fmt: skip
     seed: int
     initial_accuracy: float
     rounds: list[RoundRecord]
@@ -85,7 +89,8 @@ def _fleet(spec: FederatedSpec, twins: dict[str, str]) -> tuple[nn.Module, dict[
 
 def _method(spec: FederatedSpec, vector: RelationVector | None) -> str:
     suffix = ASYNC if spec.aggregation.mode == "buffered" else FEDNOVA if spec.aggregation.rule == "fednova" else ""
-    return spec.local.method + (VECTOR if vector else "") + (BUDGET if spec.local.fleet_power_w is not None else "") + suffix
+    drift = SCAFFOLD if spec.aggregation.drift == "scaffold" else ""
+    return spec.local.method + (VECTOR if vector else "") + (BUDGET if spec.local.fleet_power_w is not None else "") + suffix + drift
 
 
 def simulate(
@@ -102,18 +107,26 @@ def simulate(
     rounds: list[RoundRecord] = []
     elapsed = energy = 0.0
     accuracy = first
+    control: State | None = None  # drift correction: the server's control variate and each device's
+    own: dict[str, State] = {}
     for r in range(1, spec.max_rounds + 1):
         if accuracy >= spec.target_accuracy:
             break
         taking_part = participants([d.device_id for d in spec.devices], spec.participation.fraction, spec.seed, r)
         plan = assign([_in_round(d, r, twins[d.device_id], tables, devices) for d in spec.devices if d.device_id in taking_part],
                       spec.local, vector)  # fmt: skip
-        trained, updates = [], []
+        trained, updates, changed = [], [], []
         for a in plan:
-            result, done = train_round(spec, model, state, data[a.device_id], a, r, devices[a.device_id])
+            fix = drift_correction(control, own.get(a.device_id))
+            result, done = train_round(spec, model, state, data[a.device_id], a, r, devices[a.device_id], fix)
             trained.append(done)
             updates.append(Update(result.state, len(data[a.device_id]), a))
+            if result.gradient is not None:
+                changed.append((a.device_id, result.gradient))
         state = aggregate(spec, state, updates)
+        if changed:
+            control = next_control(control, [(own.get(d), g) for d, g in changed], len(spec.devices))
+            own.update(changed)
         accuracy, held_out = score(spec, model, state)
         record = round_record(r, accuracy, trained, elapsed, device_accuracy=held_out)
         elapsed, energy = record.elapsed_s, energy + record.energy_j

@@ -64,13 +64,16 @@ class Aggregation(Strict):
     (the updates' average weighted by the samples each device holds) or `fednova` (normalized
     averaging: each update's change divided by its device's local work, averaged with the same
     weights, rescaled by the effective local work; common/federated/rounds.py); `mu` > 0 adds
-    FedProx's proximal term mu/2 * ||w - w_global||^2 to every local loss."""
+    FedProx's proximal term mu/2 * ||w - w_global||^2 to every local loss; `drift` (rounds):
+    `scaffold` corrects every local step by the fleet's control variate minus the device's own
+    (SCAFFOLD: the devices' mean gradients; common/federated/rounds.py), `none` does not."""
 
     mode: Literal["rounds", "buffered"] = "rounds"
     buffer_size: int | None = Field(None, ge=1, le=MAX_FEDERATED_DEVICES, description="buffered: updates per aggregation")
     staleness: Literal["sqrt", "none"] = Field("sqrt", description="buffered: an update's weight by its staleness s: 1/sqrt(1+s) or 1")
     rule: Literal["fedavg", "fednova"] = "fedavg"
     mu: float = Field(0.0, ge=0, le=100, description="FedProx's mu (0: plain FedAvg)")
+    drift: Literal["none", "scaffold"] = Field("none", description="rounds: correct each local step for the device's drift")
 
     @model_validator(mode="after")
     def _mode_fields(self) -> Aggregation:
@@ -81,6 +84,9 @@ class Aggregation(Strict):
             problems.append("aggregation.buffer_size: applies only with mode buffered")
         if self.mode == "buffered" and self.rule == "fednova":
             problems.append("aggregation.rule: fednova applies only with mode rounds (buffered aggregates by samples and staleness)")
+        if self.mode == "buffered" and self.drift != "none":
+            problems.append(f"aggregation.drift: {self.drift} applies only with mode rounds (a buffered update's control variate "
+                            "would be stale by its staleness); leave it at none")  # fmt: skip
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -37,10 +37,10 @@ def _digest_of(raw: bytes | str) -> str | None:
 
 
 def _accepted_weights(held: dict[str, str], accepted: dict[str, str]) -> list[str]:
-    """The weights of the entries of `held` that the state accepted (`accepted`: key -> digest);
+    """The artifacts of the entries of `held` that the state accepted (`accepted`: key -> digest);
     an entry written beside `apply` may name any artifact, so it names none to delete."""
-    return sorted(LocalUpdate.model_validate_json(value).weights for key, value in held.items()
-                  if key in accepted and _digest_of(value) == accepted[key])  # fmt: skip
+    return sorted(a for key, value in held.items() if key in accepted and _digest_of(value) == accepted[key]
+                  for a in LocalUpdate.model_validate_json(value).artifacts())  # fmt: skip
 
 
 def _ends(before: FederatedState, change: Change) -> bool:
@@ -123,6 +123,8 @@ class FederatedStore:
             p.rpush(k.federated_rounds(job_id), event.record.model_dump_json())
             if event.weights != before.global_weights:  # a new global model (an empty round keeps the one before)
                 p.sadd(k.federated_artifacts(job_id), event.weights)
+            if variates := [a for a in (event.control, *event.drift.values()) if a]:
+                p.sadd(k.federated_artifacts(job_id), *variates)  # drift correction's control variates, deleted once replaced
             if before.buffered and (dropped := set(held) - set(before.received)):  # the buffer aggregated, and entries written beside
                 p.hdel(k.federated_buffer(job_id), *dropped)
             elif not before.buffered:

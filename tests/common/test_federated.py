@@ -19,7 +19,7 @@ from edgetrain.common.federated.fairness import score
 from edgetrain.common.federated.partition import MIN_SAMPLES, split
 from edgetrain.common.federated.plan import Assignment, DeviceInRound, assign, balanced_steps, participants, round_time_s
 from edgetrain.common.federated.records import DeviceRound, Fairness, RoundRecord
-from edgetrain.common.federated.rounds import Update, aggregate, fedavg, fednova, local_train, local_work
+from edgetrain.common.federated.rounds import Update, aggregate, drift_correction, fedavg, fednova, local_train, local_work, next_control
 from edgetrain.common.federated.simulate import FederatedRun
 from edgetrain.common.federated.spec import MAX_ROUNDS, Aggregation, FederatedSpec, LocalWork, Partition
 from edgetrain.common.schemas import LearningRatePolicy, ProfileTable, RelationVector
@@ -295,6 +295,41 @@ def test_fedprox_keeps_the_local_model_closer_to_the_global_weights() -> None:
     assert 0 < prox < 0.5 * plain
 
 
+def test_drift_correction_collects_the_loss_s_own_mean_gradient_and_corrects_every_step_by_it() -> None:
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
+    model = nn.Linear(8, 3)
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    one = Assignment(device_id="d", device_type="t", power_cap_w=None, batch_size=64, frequency_hz=1, local_steps=1,
+                     expected_time_s=1.0, expected_energy_j=None, strategy="equation4")  # fmt: skip
+    lr = LearningRatePolicy(lr_ref=0.05, b_ref=64)
+    model.load_state_dict(start)
+    nn.functional.cross_entropy(model(data.tensors[0]), data.tensors[1]).backward()
+    at_start = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    shift = {name: torch.full_like(g, 0.5) for name, g in at_start.items()}
+    plain = local_train(model, start, data, one, lr, 0.0, seed=1)
+    collected = local_train(model, start, data, one, lr, 0.0, seed=1, drift=True)
+    corrected = local_train(model, start, data, one, lr, 1.0, seed=1, drift=True, correction=shift)
+    assert plain.gradient is None and all(torch.equal(plain.state[k], collected.state[k]) for k in start)  # collecting changes nothing
+    assert all(torch.allclose(collected.gradient[k], at_start[k], atol=1e-6) for k in at_start)  # one full batch: the gradient at w_g
+    assert all(torch.allclose(corrected.gradient[k], at_start[k], atol=1e-6) for k in at_start)  # its own, not the corrected one
+    assert not torch.allclose(corrected.state["weight"], collected.state["weight"])
+    many = local_train(model, start, data, one.model_copy(update={"local_steps": 3, "batch_size": 16}), lr, 0.0, seed=1, drift=True)
+    assert many.steps == 3 and not torch.allclose(many.gradient["weight"], at_start["weight"])  # the mean over its mini-batches
+
+
+def test_the_server_s_control_variate_is_the_mean_of_every_device_s_and_a_device_corrects_by_the_difference() -> None:
+    a, b, a2 = {"w": torch.tensor([2.0])}, {"w": torch.tensor([4.0])}, {"w": torch.tensor([8.0])}
+    assert drift_correction(None, a) is None and drift_correction(a, None) is None  # nothing to correct by yet
+    control = next_control(None, [(None, a)], devices=4)
+    assert control["w"].item() == pytest.approx(0.5)  # the devices not heard from count as 0
+    control = next_control(control, [(None, b), (a, a2)], devices=4)
+    assert control["w"].item() == pytest.approx((8 + 4) / 4)
+    assert drift_correction(control, a2)["w"].item() == pytest.approx(3 - 8)
+    with pytest.raises(ValueError, match="no control variate"):
+        next_control(control, [], devices=4)
+
+
 SPEC = {
     "kind": "federated", "model": "smallcnn", "dataset": {"name": "digits"}, "test_dataset": {"name": "digits"},
     "target_accuracy": 0.8, "devices": [{"device_id": "a"}, {"device_id": "b", "power_cap_w": 5.0}],
@@ -456,3 +491,11 @@ def test_a_budget_run_keeps_the_jobs_fleet_power_budget_and_every_other_run_drop
         FederatedEvaluationSpec.model_validate(PRESET | {"methods": ["edgetrain", "edgetrain+budget"]})
     with pytest.raises(ValidationError, match=r"job\.local\.fleet_power_w: no method uses it; add edgetrain\+budget to methods"):
         FederatedEvaluationSpec.model_validate(PRESET | {"job": budgeted})
+
+
+def test_a_scaffold_method_runs_its_job_with_drift_correction_and_the_others_without() -> None:
+    evaluation = preset()
+    assert "edgetrain+scaffold" in evaluation.methods
+    corrected = evaluation.run_spec("edgetrain+scaffold", 1)
+    assert (corrected.local.method, corrected.aggregation.drift, corrected.aggregation.rule) == ("edgetrain", "scaffold", "fedavg")
+    assert {evaluation.run_spec(m, 1).aggregation.drift for m in evaluation.methods if m != "edgetrain+scaffold"} == {"none"}

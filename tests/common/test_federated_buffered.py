@@ -65,6 +65,7 @@ RUNNING = buffered(phase=Phase.training, in_flight=[work(1, "a"), work(2, "b")],
     ("aggregation", "field"),
     [({"mode": "buffered"}, "aggregation.buffer_size"), ({"buffer_size": 2}, "aggregation.buffer_size"),
      ({"mode": "buffered", "buffer_size": 2, "rule": "fednova"}, "aggregation.rule"),
+     ({"mode": "buffered", "buffer_size": 2, "drift": "scaffold"}, "aggregation.drift"), ({"drift": "fednova"}, "drift"),
      ({"mode": "buffered", "buffer_size": 0}, "buffer_size"), ({"mode": "async", "buffer_size": 2}, "mode")],
 )  # fmt: skip
 def test_a_buffered_spec_is_checked_at_the_door_naming_the_field(aggregation: dict, field: str) -> None:

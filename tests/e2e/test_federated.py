@@ -99,6 +99,23 @@ def test_a_fednova_job_with_partial_work_to_the_deadline_trains_to_its_target_on
     assert "3 devices, baseline1-deadline local work, fednova" in capsys.readouterr().out
 
 
+def test_a_drift_corrected_job_trains_to_its_target_on_the_workers_and_leaves_only_its_result(cluster, capsys) -> None:
+    """SCAFFOLD through the queues: every update brings its device's control variate, the server
+    keeps the fleet's, and once the job ends only its global model is left."""
+    client = EdgeTrainClient(cluster.url)
+    job_id = client.submit(spec() | {"aggregation": {"drift": "scaffold"}})
+    status = client.wait_federated(job_id, timeout_s=300)
+    assert status.state.phase == "completed", (status.state.reason, [e.line() for e in status.events])
+    rounds_are_whole(status)
+    heard = {d.assignment.device_id for r in status.rounds for d in r.devices}
+    assert status.state.control is not None and set(status.state.drift) == heard
+    assert main(["status", job_id, "--redis-url", cluster.url]) == ExitCode.ok
+    assert "3 devices, edgetrain local work, fedavg, drift-corrected (SCAFFOLD)" in capsys.readouterr().out
+    folder = Settings(redis_url=cluster.url, redis_url_file=None).artifact_dir  # the workers' (they inherit this environment)
+    last = [artifact_path(status.state.global_weights, folder)[0].name]
+    poll_until(lambda: sorted(p.name for p in folder.glob(f"fed-{job_id}-*")) == last or None, 60, 0.2, "all but the result deleted")
+
+
 def test_a_fleet_power_budget_holds_every_round_on_the_workers(cluster, capsys) -> None:
     """Under 12 W across the three twins (their time-balanced rounds draw more), every round's
     expected energy stays within 12 W over the round's time budget (at most its longest

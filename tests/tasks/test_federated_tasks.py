@@ -359,3 +359,53 @@ def test_a_work_dropped_while_its_device_loads_its_weights_stops_as_late_not_as_
     bind("b")
     with pytest.raises(TaskFailed, match="work 2: local training failed"):
         federated_train(requests["b"])
+
+
+def test_a_drift_corrected_job_keeps_each_device_s_control_variate_and_the_fleet_s_and_corrects_the_next_round(
+    s, table, monkeypatch
+) -> None:
+    """SCAFFOLD through the tasks: each update brings its device's mean gradient, the server's
+    variate is their mean, a device's next round is corrected by the difference, and a variate
+    replaced, or the job's at its end, is deleted."""
+    job = "fedtaskdrift"
+    s.federated.create(FederatedRecord(job_id=job, spec=SPEC.model_copy(update={"aggregation": Aggregation(drift="scaffold")})))
+    s.resources.put_table(table)
+    folder = context.settings().artifact_dir
+
+    def one_round(r: int) -> dict:
+        assert federated_advance(job) == Phase.training.value
+        requests = {d: q for d, q in train_requests(s).items() if q.job_id == job and q.round == r}
+        for device_id in ("a", "b"):
+            bind(device_id)
+            assert federated_train(requests[device_id]) == Accepted.accepted.value
+        accepted, _ = s.federated.updates(job, s.federated.state(job))
+        assert federated_advance(job) == Phase.aggregating.value
+        federated_aggregate(AggregateRequest(job_id=job, round=r))
+        return {d: u.gradient for d, u in accepted.items()}
+
+    brought = one_round(1)
+    state = s.federated.state(job)
+    assert state.drift == brought and None not in brought.values() and state.control is not None
+    control, own = get_state(state.control, folder), {d: get_state(g, folder) for d, g in brought.items()}
+    assert set(control) == {name for name, _ in initial_model(SPEC.model, SPEC.weights, 10).named_parameters()}
+    assert all(torch.allclose(control[k], (own["a"][k] + own["b"][k]) / 2) for k in control)
+    assert files() == sorted(name_of(x) for x in [state.global_weights, state.control, *brought.values()])  # the updates' weights gone
+
+    corrections = {}
+    train_round = federated_work.train_round
+
+    def seen(*args, **kwargs):
+        corrections[args[4].device_id] = args[7]
+        return train_round(*args, **kwargs)
+
+    monkeypatch.setattr(federated_work, "train_round", seen)
+    one_round(2)
+    assert all(torch.allclose(corrections["a"][k], control[k] - own["a"][k]) for k in control)
+    after = s.federated.state(job)
+    assert after.control != state.control and set(after.drift.values()).isdisjoint(brought.values())
+    assert files() == sorted(name_of(x) for x in [after.global_weights, after.control, *after.drift.values()])  # round 1's deleted
+
+    s.federated.request_cancel(job)
+    assert federated_advance(job) == Phase.cancelled.value
+    federated_cleanup(job)
+    assert files() == [name_of(after.global_weights)]  # its result alone

@@ -52,7 +52,7 @@ def test_a_tiny_federated_evaluation_prints_the_table_and_writes_the_json_and_th
     assert "| nano-1 | jetson-nano | 5 W | " in out and "| tx2-1 | jetson-tx2-nx | none | " in out
 
     evaluation = FederatedEvaluation.model_validate_json((tmp / "out" / "federated.json").read_text())
-    methods = ("baseline1", "baseline1-deadline", "equation4", "edgetrain", "edgetrain+fednova", "edgetrain+async")
+    methods = ("baseline1", "baseline1-deadline", "equation4", "edgetrain", "edgetrain+fednova", "edgetrain+scaffold", "edgetrain+async")
     assert [(r.method, r.seed) for r in evaluation.runs] == [(m, s) for m in methods for s in (0, 1)]
     assert evaluation.simulated and all(r.simulated for r in evaluation.runs)
     for summary in evaluation.summary:
@@ -67,7 +67,7 @@ def test_a_tiny_federated_evaluation_prints_the_table_and_writes_the_json_and_th
             assert all(set(r.device_accuracy) == {"nano-1", "tx2-1", "orin-1"} for r in run.rounds)
             if run.reached:
                 assert run.time_to_target_s == pytest.approx(sum(r.device_time_s for r in run.rounds))
-    baseline, deadline, _, balanced, nova, buffered = evaluation.summary
+    baseline, deadline, _, balanced, nova, corrected, buffered = evaluation.summary
     assert baseline.speedup_vs_baseline1 == pytest.approx(1.0)
     assert all(a.local_steps == 5 for a in baseline.plan)
     assert len({a.local_steps for a in balanced.plan}) > 1  # time-balanced: the devices' steps differ
@@ -80,6 +80,8 @@ def test_a_tiny_federated_evaluation_prints_the_table_and_writes_the_json_and_th
     assert all(len(r.devices) == len(r.works) == 1 for run in evaluation.runs if run.method == "edgetrain+async" for r in run.rounds)
     accuracy = {r.method: [x.accuracy for x in r.rounds] for r in evaluation.runs if r.seed == 0}
     assert accuracy["edgetrain+fednova"][0] != accuracy["edgetrain"][0]  # the same local work, aggregated otherwise
+    assert corrected.plan == balanced.plan and accuracy["edgetrain+scaffold"][0] == accuracy["edgetrain"][0]  # no variate in round 1
+    assert accuracy["edgetrain+scaffold"][1:2] != accuracy["edgetrain"][1:2]  # corrected from round 2 on
     for summary in evaluation.summary:
         worst = [min(r.rounds[-1].device_accuracy.values()) for r in evaluation.runs if r.method == summary.method]
         assert summary.device_worst.mean == pytest.approx(sum(worst) / 2) and summary.device_worst.mean <= summary.device_mean.mean

@@ -31,7 +31,9 @@ def format_federated(status: FederatedStatus) -> str:
             f"buffered, {spec.aggregation.buffer_size} updates per aggregation, staleness {spec.aggregation.staleness}"
             if state.buffered
             else spec.aggregation.rule
-        )  # fmt: skip
+        )
+        + (", drift-corrected (SCAFFOLD)" if spec.aggregation.drift == "scaffold" else "")
+        + (f", FedProx mu {spec.aggregation.mu:g}" if spec.aggregation.mu > 0 else "")  # fmt: skip
     ]
     if state.reason:
         lines.append(f"  {state.reason}")

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from edgetrain.common.federated.evaluation import LABELS, FederatedEvaluation
-from edgetrain.common.federated.simulate import ASYNC, BUDGET, FEDNOVA, VECTOR
+from edgetrain.common.federated.simulate import ASYNC, BUDGET, FEDNOVA, SCAFFOLD, VECTOR
 from edgetrain.common.federated.spec import DEADLINE
 from edgetrain.common.plotting import DPI
 
@@ -23,12 +23,13 @@ from .evaluation_plots import COLOURS, SIMULATED_NOTE
 COLOURS_BY_METHOD = {**COLOURS, f"baseline1{DEADLINE}": "#56b4e9"}
 
 
-STYLES: dict[str, Any] = {VECTOR: ":", FEDNOVA: "-.", ASYNC: "--", BUDGET: (0, (8, 3))}
+STYLES: dict[str, Any] = {VECTOR: ":", FEDNOVA: "-.", ASYNC: "--", BUDGET: (0, (8, 3)), SCAFFOLD: (0, (3, 1, 1, 1, 1, 1))}
 
 
 def _style(method: str) -> dict[str, Any]:
     """A method's colour and line style (dotted with the relation vector, dash-dotted with
-    FedNova, dashed when buffered, long dashes within a fleet power budget)."""
+    FedNova, dashed when buffered, long dashes within a fleet power budget, dash-dot-dot with
+    drift correction)."""
     suffix = next((s for s in STYLES if method.endswith(s)), "")
     return {"color": COLOURS_BY_METHOD[method.removesuffix(suffix)], "linestyle": STYLES.get(suffix, "-")}
 

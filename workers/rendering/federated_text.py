@@ -56,7 +56,7 @@ def job_line(job: FederatedSpec, async_size: int) -> str:
     data = f"{job.dataset.name} in {split} (seed {job.partition.seed})" if job.dataset and job.partitioned() else "their own data"
     prox = f", FedProx mu = {job.aggregation.mu:g}" if job.aggregation.mu > 0 else ""
     budget = f", the +budget method's rounds within {job.local.fleet_power_w:g} W across the fleet" if job.local.fleet_power_w else ""
-    rule = "FedAvg (FedNova for the + FedNova methods"
+    rule = "FedAvg (FedNova for the + FedNova methods, drift-corrected for the SCAFFOLD ones"
     rule += f"; the async methods buffered, {async_size} updates per aggregation, staleness {job.aggregation.staleness})"
     return (
         f"{job.model} from {job.weights} on {len(job.devices)} devices holding {data}; target global accuracy "
