@@ -276,14 +276,20 @@ def test_local_work_counts_steps_and_the_batch_sizes_learning_rate_and_the_job_c
     assert aggregate(nova, start, updates)["w"].item() == pytest.approx(2.5 * 1.5)  # per step (1, 2), tau_eff 2.5
 
 
-def test_fedprox_keeps_the_local_model_closer_to_the_global_weights() -> None:
+def _linear_task(samples: int, batch_size: int, local_steps: int) -> tuple:
+    """Seeded random data of 3 classes, a linear model, its weights, one device's work at
+    `batch_size` for `local_steps` steps, and a learning rate of 0.05 at that batch size."""
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(256, 8), torch.randint(0, 3, (256,)))
+    data = TensorDataset(torch.randn(samples, 8), torch.randint(0, 3, (samples,)))
     model = nn.Linear(8, 3)
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    work = Assignment(device_id="d", device_type="t", power_cap_w=None, batch_size=16, frequency_hz=1, local_steps=40,
-                      expected_time_s=1.0, expected_energy_j=None, strategy="equation4")  # fmt: skip
-    lr = LearningRatePolicy(lr_ref=0.05, b_ref=16)
+    work = Assignment(device_id="d", device_type="t", power_cap_w=None, batch_size=batch_size, frequency_hz=1,
+                      local_steps=local_steps, expected_time_s=1.0, expected_energy_j=None, strategy="equation4")  # fmt: skip
+    return data, model, start, work, LearningRatePolicy(lr_ref=0.05, b_ref=batch_size)
+
+
+def test_fedprox_keeps_the_local_model_closer_to_the_global_weights() -> None:
+    data, model, start, work, lr = _linear_task(256, 16, 40)
 
     def drift(mu: float) -> float:
         result = local_train(model, start, data, work, lr, mu, seed=1)
@@ -296,13 +302,7 @@ def test_fedprox_keeps_the_local_model_closer_to_the_global_weights() -> None:
 
 
 def test_drift_correction_collects_the_loss_s_own_mean_gradient_and_corrects_every_step_by_it() -> None:
-    torch.manual_seed(0)
-    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
-    model = nn.Linear(8, 3)
-    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    one = Assignment(device_id="d", device_type="t", power_cap_w=None, batch_size=64, frequency_hz=1, local_steps=1,
-                     expected_time_s=1.0, expected_energy_j=None, strategy="equation4")  # fmt: skip
-    lr = LearningRatePolicy(lr_ref=0.05, b_ref=64)
+    data, model, start, one, lr = _linear_task(64, 64, 1)
     model.load_state_dict(start)
     nn.functional.cross_entropy(model(data.tensors[0]), data.tensors[1]).backward()
     at_start = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
