@@ -56,7 +56,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    """`edgetrain worker control|server|device`."""
+    """`edgetrain worker control|server|device`; the process ends as soon as its worker has
+    stopped (`end_process`)."""
+    from .processes.celery_worker import end_process
+
+    end_process(_run_worker(args))
+
+
+def _run_worker(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     if args.log_format:
         settings = settings.model_copy(update={"log_format": args.log_format})

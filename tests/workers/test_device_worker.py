@@ -49,7 +49,7 @@ def test_jetson_worker_registers_and_leaves_the_fleet_on_sigterm(tmp, redis_serv
         assert info.software["torch"]
         if when == "ready":
             app = producer_app(Settings(redis_url=redis_server.url))
-            while not app.control.ping(destination=[f"device-jn-1@{socket.gethostname()}"], timeout=1.0):
+            while not app.control.ping(destination=[f"device-jn-1@{socket.gethostname()}"], timeout=1.0, limit=1):
                 assert time.monotonic() < deadline and worker.poll() is None
     finally:
         worker.send_signal(signal.SIGTERM)

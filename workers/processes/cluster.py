@@ -211,7 +211,7 @@ class LocalCluster:
             if dead:
                 raise RuntimeError(f"worker processes exited at start: {dead}; see logs in {self.workdir / 'logs'}")
             registered = {d.device_id for d in store.fleet.devices()}
-            replies = app.control.ping(timeout=1.0) if registered >= set(self.devices) else []
+            replies = app.control.ping(timeout=1.0, limit=len(self.workers)) if registered >= set(self.devices) else []
             if len(replies) >= len(self.workers):
                 return
             time.sleep(0.5)
