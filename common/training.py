@@ -18,7 +18,7 @@ from torch.utils.data import TensorDataset
 from .devices.base import Device, Measurement
 from .schemas import AccuracyBracket, LearningRatePolicy, TrainingOutcome
 
-EVAL_CHUNK = 1024
+EVAL_CHUNK = 256  # samples a forward pass of an evaluation takes at once: larger chunks leave a CPU's caches (bench/evaluation_chunks.py)
 
 
 def torch_device() -> torch.device:
@@ -64,7 +64,7 @@ class Trainer:
         self.optimizer = optimizer
         self.batch_size = batch_size
         self.train_x, self.train_y = (t.to(self.device) for t in train.tensors)
-        self.test = tuple(t.to(self.device) for t in test.tensors) if test is not None else None
+        self.test = (test.tensors[0].to(self.device), test.tensors[1].to(self.device)) if test is not None else None  # inputs, targets
         self._generator = torch.Generator().manual_seed(seed)
         self._order = torch.empty(0, dtype=torch.long)
         self._cursor = 0
@@ -122,15 +122,16 @@ class Trainer:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk_size: int = EVAL_CHUNK) -> tuple[float, float]:
     """Accuracy of `model` on inputs `x` and targets `y` (fraction; per character for sequence
-    targets) and the mean cross-entropy (nats), in chunks; the model is left in training mode."""
+    targets) and the mean cross-entropy (nats), in chunks of `chunk_size` samples; the model is
+    left in training mode."""
     model.eval()
     correct = total = 0
     loss_sum = 0.0
-    for start in range(0, len(y), EVAL_CHUNK):
-        chunk = y[start : start + EVAL_CHUNK]
-        loss, hits = loss_and_correct(model(x[start : start + EVAL_CHUNK]), chunk)
+    for start in range(0, len(y), chunk_size):
+        chunk = y[start : start + chunk_size]
+        loss, hits = loss_and_correct(model(x[start : start + chunk_size]), chunk)
         correct += int(hits)
         total += chunk.numel()
         loss_sum += float(loss) * chunk.numel()
