@@ -44,8 +44,9 @@ def submit(cluster: LocalCluster, client: EdgeTrainClient, spec: dict) -> str:
 def test_the_devices_of_one_job_do_not_explore_the_same_batch_size(tmp_path) -> None:
     with LocalCluster(tmp_path, devices=dict.fromkeys(DEVICES, "sim:jetson-nano"), server_workers=0) as cluster:
         client = EdgeTrainClient(cluster.url)
-        for device, b in zip(DEVICES, (8, 128)):  # what the data measured before
-            done = client.wait(submit(cluster, client, job((device,), [b])), timeout_s=TIMEOUT_S)
+        before = [submit(cluster, client, job((device,), [b])) for device, b in zip(DEVICES, (8, 128))]  # what the data measured
+        for job_id in before:
+            done = client.wait(job_id, timeout_s=TIMEOUT_S)
             assert done.state.value == "completed", [e.line() for e in done.events]
         job_id = submit(cluster, client, job(DEVICES, [8, 32, 64, 128]))
         assert client.wait(job_id, timeout_s=TIMEOUT_S).state.value == "completed"
