@@ -296,7 +296,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[500, 2000, 10000], help="fleet sizes (devices)")
     parser.add_argument("--rates", type=float, nargs="+", default=[25.0, 100.0, 250.0], help="paced jobs/s, one per size")
     parser.add_argument("--control-concurrency", type=int, default=2)
-    parser.add_argument("--scrape-devices", type=int, default=10000, help="devices of the one job the exporter scrapes")
+    parser.add_argument("--scrape-devices", type=int, default=10000, help="devices of the one job the exporter scrapes; 0: no scrape")
     parser.add_argument("--json")
     args = parser.parse_args()
     if len(args.rates) != len(args.sizes):
@@ -325,12 +325,13 @@ def main() -> None:
             f"{r['redis_commands_per_job']:.0f} commands (the fleet's heartbeats taken out); Redis's CPU "
             f"{100 * r['redis_cpu_idle']:.0f} % of a core with heartbeats alone, {100 * r['redis_cpu_paced']:.0f} % while paced"
         )
-    scraped = scrape_run(args.scrape_devices)
-    print(
-        f"one job over {scraped['devices']} devices, every fine-tune dispatched: a scrape of the exporter takes "
-        f"{scraped['scrape_ms']['median']:.0f} ms (median), {scraped['scrape_ms']['p99']:.0f} ms (p99) over HTTP, "
-        f"{scraped['exporter_cpu_ms']:.0f} ms of the exporter's CPU, {scraped['bytes'] / 1e6:.1f} MB"
-    )
+    scraped = scrape_run(args.scrape_devices) if args.scrape_devices else None
+    if scraped:
+        print(
+            f"one job over {scraped['devices']} devices, every fine-tune dispatched: a scrape of the exporter takes "
+            f"{scraped['scrape_ms']['median']:.0f} ms (median), {scraped['scrape_ms']['p99']:.0f} ms (p99) over HTTP, "
+            f"{scraped['exporter_cpu_ms']:.0f} ms of the exporter's CPU, {scraped['bytes'] / 1e6:.1f} MB"
+        )
     for small, big in zip(results, results[1:]):
         ideal = big["devices"] / small["devices"]
         grew = big["burst_all_dispatched_s"] / small["burst_all_dispatched_s"]
