@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
@@ -55,7 +55,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.json, Path(args.report) if args.report else None)
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
+def cmd_worker(args: argparse.Namespace) -> NoReturn:
     """`edgetrain worker control|server|device`; the process ends as soon as its worker has
     stopped (`end_process`)."""
     from .processes.celery_worker import end_process

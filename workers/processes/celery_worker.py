@@ -131,10 +131,10 @@ def consume(queues: list[str], name: str, role: str, concurrency: int, loglevel:
 
 def end_process(status: int) -> NoReturn:
     """End a worker's process with `status` once its worker has stopped (its tasks finished or
-    handed back, its registry entries removed, a device's settings restored): the exit hooks
-    run (logging's flushes its handlers) and the output is flushed, but the interpreter's teardown, which frees
-    PyTorch's modules one by one (about a second of CPU, several seconds of wall time on a busy
-    machine), is skipped, as Celery's pool processes skip it."""
+    handed back, its registry entries removed, a device's settings restored): the exit hooks run
+    (logging's own flushes its handlers) and the output is flushed, but the interpreter's
+    teardown, which frees PyTorch's modules one by one (about a second of CPU, several seconds
+    of wall time on a busy machine), is skipped, as Celery's pool processes skip it."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
