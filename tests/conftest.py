@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,13 @@ from edgetrain.workers.processes.cluster import EmbeddedRedis
 # the tests start inherit it).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# A suite started in the background by a non-interactive shell (or under nohup) inherits SIGINT
+# ignored, and so would every process it starts: the tests that press Ctrl-C on a command or a
+# worker (SIGINT) need it as a terminal leaves it. A handler, unlike an ignored signal, is not
+# inherited across exec, so the commands the tests start get Python's own.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
