@@ -6,7 +6,9 @@ So a control task needs no lease (four Redis commands to take one and five to re
 job step): when the instance stops heartbeating, or its node heartbeats from another process
 (started again), the reaper (tasks/reaper.py) puts exactly that instance's messages back at the
 head of their queues. A pool process lost, or past its hard time limit, while its worker lives
-is Celery's to requeue (`task_reject_on_worker_lost`, and CONTROL_TASK_OPTIONS). The tasks of
+is Celery's to requeue (`task_reject_on_worker_lost`, and CONTROL_TASK_OPTIONS); a step handed
+to a pool process that never begins it (stopped while idle) is the reaper's again, once held for
+twice a step's time limit. The tasks of
 the ledger of sent tasks that a control worker runs (wake-ups, a big job's pages) are struck off
 once run, as a lease's release does elsewhere, and count as held while a live instance holds
 their message. The reaper reads and restores the other workers' unacknowledged messages, under
@@ -85,11 +87,14 @@ def waiting(raws: list[bytes], task_ids: set[str]) -> set[str]:
     return found
 
 
-def restore(app: Celery, instance: str | None = None, task_ids: set[str] | None = None) -> list[TaskMessage]:
+def restore(
+    app: Celery, instance: str | None = None, task_ids: set[str] | None = None, taken_before: float | None = None
+) -> list[TaskMessage]:
     """Put the messages `instance` took and did not acknowledge (None: any server or device
     worker, whose share kombu's default keys) back at the head of their queues, only those of
-    `task_ids` when given; kombu's own restore, each in one transaction, so two control workers
-    doing it at once put each message back once. Returns them."""
+    `task_ids` when given, and only those taken before `taken_before` (s since the epoch, as
+    kombu notes it) when given; kombu's own restore, each in one transaction, so two control
+    workers doing it at once put each message back once. Returns them."""
     restored = []
     with app.connection_for_write() as connection:
         channel = connection.default_channel
@@ -97,7 +102,10 @@ def restore(app: Celery, instance: str | None = None, task_ids: set[str] | None 
         if instance is not None:
             keys = transport_options(instance)
             qos.unacked_key, qos.unacked_index_key = keys["unacked_key"], keys["unacked_index_key"]
-        for tag, raw in channel.client.hgetall(qos.unacked_key).items():
+        held = channel.client.hgetall(qos.unacked_key)
+        if taken_before is not None:
+            held = {tag: held[tag] for tag in channel.client.zrangebyscore(qos.unacked_index_key, "-inf", taken_before) if tag in held}
+        for tag, raw in held.items():
             message = task_message(raw, unacked=True)
             if task_ids is None or (message is not None and message.task_id in task_ids):
                 qos.restore_by_tag(tag)

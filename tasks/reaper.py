@@ -14,7 +14,9 @@ the broker's visibility timeout:
 The lease is removed last, so a control worker that dies midway leaves it for the next pass.
 A control worker's own tasks (the job steps) hold no lease: the messages an instance of it took
 and did not acknowledge go back to their queue once it stops heartbeating for `lease_ttl_s`, or
-at once when its node heartbeats from a new process (tasks/held_messages.py).
+at once when its node heartbeats from a new process (tasks/held_messages.py); a step a live
+instance holds for longer than twice a step's time limit (its pool process never began it)
+goes back too.
 
 A dispatched fine-tune that, for longer than a lease, nothing runs (no lease) and whose
 message does not wait on its device's queue is sent on: its message, when a worker took it
@@ -31,6 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import redis
@@ -144,6 +147,23 @@ def restore_gone_consumers(store: Store, app: Celery, settings: Settings) -> lis
     return restored
 
 
+def restore_stuck_steps(store: Store, app: Celery, settings: Settings) -> list[TaskMessage]:
+    """Put back on their queues the steps a live control worker instance has held for longer
+    than a step can take: twice its hard time limit (one waiting for a pool process, one
+    running) and a lease for the hosts' clocks. Such a step went to a pool process that never
+    began it (stopped while idle, say), where no time limit runs and only kombu's visibility
+    timeout, hours away, would free it; a step run twice does no harm. Returns them."""
+    before = time.time() - 2 * settings.control_time_limit_s - settings.lease_ttl_s  # kombu notes a take in time.time()
+    restored = []
+    for instance in store.liveness.consumers():
+        for message in held_messages.restore(app, instance, taken_before=before):
+            store.monitoring.count(HANDED_ON, queue_role(message.queue))
+            logger.warning("task %s (%s): the worker %s holds it unstarted past twice a step's time limit; re-queued",
+                           message.task_id, message.task, instance)  # fmt: skip
+            restored.append(message)
+    return restored
+
+
 def redispatch_orphans(store: Store, app: Celery, settings: Settings) -> list[tuple[str, str]]:
     """Send on the dispatched fine-tunes that nothing has run for longer than a lease and that
     do not wait on their queue (see the module docstring). Returns their (job, device)."""
@@ -251,6 +271,7 @@ def reap_once(store: Store, app: Celery, settings: Settings, silent_before: froz
     record or message cannot stop the others pass after pass."""
     note_failover(store)
     _guarded("putting back the messages of stopped control workers", lambda: restore_gone_consumers(store, app, settings))
+    _guarded("putting back the steps held unstarted", lambda: restore_stuck_steps(store, app, settings))
     for lease in store.liveness.expired(settings.lease_ttl_s):
         _guarded(f"handing on task {lease.task_id}", functools.partial(hand_on, store, app, settings, lease))
     _guarded("sending on orphaned fine-tunes", lambda: redispatch_orphans(store, app, settings))

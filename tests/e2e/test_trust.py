@@ -1,17 +1,21 @@
 """Faults past the everyday ones, with real processes and the default settings: a device worker
 frozen past its lease and replaced, which then wakes up; a hand-on that a crash interrupted;
-an operator stopping tasks from outside (Flower's Terminate and Revoke, a warm shutdown)."""
+an operator stopping tasks from outside (Flower's Terminate and Revoke, a warm shutdown); and,
+with a job step's time limit of seconds, a control worker's pool process stopped while idle."""
 
 import json
 import signal
 import time
 
+import psutil
 import pytest
 
 from edgetrain.common.jobs.state import EventKind, PartState
 from edgetrain.common.presets import long_fine_tune
 from edgetrain.common.settings import Settings
+from edgetrain.tasks.app import producer_app
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
+from edgetrain.tasks.contract import HANDED_ON, TaskName, send
 from edgetrain.workers.processes.cluster import LocalCluster
 
 pytestmark = pytest.mark.e2e
@@ -103,3 +107,27 @@ def test_a_warm_shutdown_checkpoints_the_fine_tune_and_the_next_worker_continues
         done = status.parts["nano-w"]
         assert done.state == PartState.completed and done.report.attempts == 2 and done.report.samples_processed == 8000
         assert done.report.lost_device_time_s == pytest.approx(0.0, abs=1e-9)  # nothing was lost
+
+
+def test_steps_handed_to_a_stopped_control_pool_process_run_on_another_within_twice_their_time_limit(tmp_path) -> None:
+    """A pool process stopped while idle is handed steps it never begins: no time limit runs for
+    them and its worker heartbeats on. The reaper puts them back once held for twice a step's
+    time limit and a lease (here 2 * 3 + 2 s), and the other pool process runs them."""
+    limit_s, lease_s = 3, 2
+    env = {"EDGETRAIN_CONTROL_TIME_LIMIT_S": str(limit_s), "EDGETRAIN_HEARTBEAT_S": "1", "EDGETRAIN_LEASE_TTL_S": str(lease_s),
+           "EDGETRAIN_REAPER_INTERVAL_S": "1"}  # fmt: skip
+    with LocalCluster(tmp_path, server_workers=0, control_concurrency=2, env=env) as cluster:
+        pool = psutil.Process(cluster.worker("control").process.pid).children()
+        assert len(pool) == 2
+        pool[0].suspend()
+        try:
+            app = producer_app(Settings(redis_url=cluster.url))
+            started = time.monotonic()
+            steps = [send(app, TaskName.advance_job, f"no-such-job-{i}", awaited=True) for i in range(6)]
+            assert [step.get(timeout=60) for step in steps] == ["unknown job"] * 6
+            took_s = time.monotonic() - started
+            assert cluster.store().monitoring.counts(HANDED_ON).get("control", 0) >= 1  # some went to the stopped one
+            assert took_s < 2 * limit_s + lease_s + 20, took_s
+            assert "holds it unstarted" in (tmp_path / "logs" / "control.log").read_text()
+        finally:
+            pool[0].resume()

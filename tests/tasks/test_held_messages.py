@@ -66,6 +66,30 @@ def test_the_steps_of_a_control_worker_silent_for_a_lease_go_back_in_the_reapers
     taken.close()
 
 
+def test_a_step_a_live_control_worker_holds_unstarted_past_twice_its_time_limit_goes_back_once(s, broker: redis.Redis) -> None:
+    """A pool process stopped while idle never begins the step it is handed, and no time limit
+    runs for it: the reaper puts the step back once it is held for twice a step's hard time
+    limit and a lease, while the instance lives; a step held for less stays where it is."""
+    settings = context.settings()
+    send(context.app(), TaskName.advance_job, "j1")
+    send(context.app(), TaskName.advance_job, "j2")
+    beat(s, 111)
+    s.liveness.note_consumer(f"{NODE}:111")
+    taken = [take_one(f"{NODE}:111"), take_one(f"{NODE}:111")]  # j1, then j2
+    index = transport_options(f"{NODE}:111")["unacked_index_key"]
+    (j1_tag, j1_at), (j2_tag, _) = broker.zrange(index, 0, -1, withscores=True)
+    just_within = 2 * settings.control_time_limit_s + settings.lease_ttl_s - 30
+    broker.zadd(index, {j1_tag: j1_at - just_within - 60, j2_tag: j1_at - just_within})  # j1 taken 90 s before j2
+    assert reap_once(s, context.app(), settings) == frozenset()
+    assert [t.payload for t in queued_tasks(broker, CONTROL_QUEUE)] == ["j1"]  # j2 is held within the bound
+    assert broker.hlen(transport_options(f"{NODE}:111")["unacked_key"]) == 1 and s.liveness.consumers() == [f"{NODE}:111"]
+    assert s.monitoring.counts(HANDED_ON) == {"control": 1}
+    reap_once(s, context.app(), settings)
+    assert [t.payload for t in queued_tasks(broker, CONTROL_QUEUE)] == ["j1"]  # once
+    for connection in taken:
+        connection.close()
+
+
 def test_a_control_step_past_its_hard_time_limit_goes_back_to_its_queue_and_a_device_task_does_not(s) -> None:
     """No lease stands for a control task: Celery requeues it when its pool process is ended."""
     for module in ("edgetrain.tasks.device", "edgetrain.tasks.federated"):
