@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -121,21 +121,33 @@ class Trainer:
         return accuracy
 
 
-@torch.no_grad()
+def in_chunks(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk_size: int = EVAL_CHUNK
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The outputs of `model` on inputs `x` (moved to the model's device) and their targets `y`,
+    `chunk_size` samples at a time, in evaluation mode and without gradients; the model is left in
+    training mode."""
+    where = next(model.parameters()).device
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, len(y), chunk_size):
+                yield model(x[start : start + chunk_size].to(where)), y[start : start + chunk_size].to(where)
+    finally:
+        model.train()
+
+
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk_size: int = EVAL_CHUNK) -> tuple[float, float]:
     """Accuracy of `model` on inputs `x` and targets `y` (fraction; per character for sequence
     targets) and the mean cross-entropy (nats), in chunks of `chunk_size` samples; the model is
     left in training mode."""
-    model.eval()
     correct = total = 0
     loss_sum = 0.0
-    for start in range(0, len(y), chunk_size):
-        chunk = y[start : start + chunk_size]
-        loss, hits = loss_and_correct(model(x[start : start + chunk_size]), chunk)
+    for logits, target in in_chunks(model, x, y, chunk_size):
+        loss, hits = loss_and_correct(logits, target)
         correct += int(hits)
-        total += chunk.numel()
-        loss_sum += float(loss) * chunk.numel()
-    model.train()
+        total += target.numel()
+        loss_sum += float(loss) * target.numel()
     return correct / total, loss_sum / total
 
 

@@ -15,28 +15,23 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from ..training import EVAL_CHUNK
+from ..training import in_chunks
 from .data import labels_of, num_classes, own_test_set, shares, test_set
 from .rounds import State
 from .spec import FederatedSpec
 
 
-@torch.no_grad()
 def class_hits(model: nn.Module, state: State, test: TensorDataset, classes: int) -> tuple[np.ndarray, np.ndarray]:
     """The global weights' correct predictions and targets per class on `test` (two arrays of
     `classes` counts; per target position for sequence targets)."""
     model.load_state_dict(state)
-    where = next(model.parameters()).device  # local training may have moved the model to the GPU
     x, y = test.tensors
     correct, count = torch.zeros(classes, dtype=torch.long), torch.zeros(classes, dtype=torch.long)
-    model.eval()
-    for start in range(0, len(y), EVAL_CHUNK):
-        logits = model(x[start : start + EVAL_CHUNK].to(where))
-        target = y[start : start + EVAL_CHUNK].reshape(-1)
+    for logits, chunk in in_chunks(model, x, y):  # local training may have moved the model to the GPU
+        target = chunk.reshape(-1).cpu()
         hit = (logits.reshape(-1, logits.shape[-1]).argmax(-1).cpu() == target).long()
         count += torch.bincount(target, minlength=classes)[:classes]
         correct += torch.bincount(target, weights=hit, minlength=classes)[:classes].long()
-    model.train()
     return correct.numpy(), count.numpy()
 
 
