@@ -102,9 +102,12 @@ def restore(
         if instance is not None:
             keys = transport_options(instance)
             qos.unacked_key, qos.unacked_index_key = keys["unacked_key"], keys["unacked_index_key"]
-        held = channel.client.hgetall(qos.unacked_key)
-        if taken_before is not None:
-            held = {tag: held[tag] for tag in channel.client.zrangebyscore(qos.unacked_index_key, "-inf", taken_before) if tag in held}
+        if taken_before is None:
+            held = channel.client.hgetall(qos.unacked_key)
+        elif tags := channel.client.zrangebyscore(qos.unacked_index_key, "-inf", taken_before):
+            held = {tag: raw for tag, raw in zip(tags, channel.client.hmget(qos.unacked_key, tags)) if raw is not None}
+        else:
+            held = {}
         for tag, raw in held.items():
             message = task_message(raw, unacked=True)
             if task_ids is None or (message is not None and message.task_id in task_ids):
