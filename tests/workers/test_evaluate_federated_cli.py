@@ -3,6 +3,7 @@
 field and run nothing."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from edgetrain.common.federated.simulate import twin_table
 from edgetrain.common.schemas import RelationVector
 from edgetrain.common.selection import Equation4
 from edgetrain.workers.cli import main as edgetrain_main
+from edgetrain.workers.commands.evaluate import read_spec
 
 TINY = {
     "name": "tiny federated",
@@ -23,6 +25,7 @@ TINY = {
         "batch_sizes": [8, 16, 32], "local": {"local_steps": 5}, "max_rounds": 10,
     },
 }  # fmt: skip
+REPO = Path(__file__).resolve().parents[2]
 VECTOR = {"batch_sizes": [8, 16, 32], "ratios": [0.05, 0.5, 1.0]}  # b = 8 needs 20 times fewer samples than b = 32
 
 
@@ -201,3 +204,11 @@ def test_a_vector_file_changes_the_choice_of_the_vector_methods_only(tmp, no_red
     assert {b for b, _ in plans["edgetrain"].values()} == {32}  # r_b = 1: the most samples per second
     assert {b for b, _ in plans["edgetrain+vector"].values()} == {8}
     assert FederatedEvaluationSpec.model_validate(spec).run_spec("edgetrain+vector", 4).local.method == "edgetrain"
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "docs" / "federated").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_federated_evaluation_the_docs_record_is_a_valid_spec(path) -> None:
+    """The specs behind docs/federated.md's tables stay runnable as the docs say (`edgetrain
+    evaluate --federated <file>`): each validates, with its seeds, methods and twins."""
+    spec = read_spec(str(path), FederatedEvaluationSpec, "federated evaluation spec")
+    assert spec.seeds and spec.methods and set(spec.twins) == {d.device_id for d in spec.job.devices}
