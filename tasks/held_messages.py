@@ -7,12 +7,11 @@ job step): when the instance stops heartbeating, or its node heartbeats from ano
 (started again), the reaper (tasks/reaper.py) puts exactly that instance's messages back at the
 head of their queues. A pool process lost, or past its hard time limit, while its worker lives
 is Celery's to requeue (`task_reject_on_worker_lost`, and CONTROL_TASK_OPTIONS); a step handed
-to a pool process that never begins it (stopped while idle) is the reaper's again, once held for
-twice a step's time limit. The tasks of
-the ledger of sent tasks that a control worker runs (wake-ups, a big job's pages) are struck off
-once run, as a lease's release does elsewhere, and count as held while a live instance holds
-their message. The reaper reads and restores the other workers' unacknowledged messages, under
-kombu's shared keys, here too."""
+to a pool process that never begins it (stopped while idle) is the reaper's again, once held
+for twice a step's time limit (`overdue`). The tasks of the ledger of sent tasks that a control
+worker runs (wake-ups, a big job's pages) are struck off once run, as a lease's release does
+elsewhere, and count as held while a live instance holds their message. The reaper reads and
+restores the other workers' unacknowledged messages, under kombu's shared keys, here too."""
 
 from __future__ import annotations
 
@@ -123,6 +122,17 @@ def held_ids(app: Celery, instances: list[str]) -> set[str]:
         for instance in instances:
             p.hvals(transport_options(instance)["unacked_key"])
         return {message.task_id for raws in p.execute() for raw in raws if (message := task_message(raw, unacked=True))}
+
+
+def overdue(app: Celery, instances: list[str], taken_before: float) -> list[str]:
+    """Those of `instances` that hold a message they took before `taken_before` (s since the
+    epoch, as kombu notes it), in one round trip."""
+    if not instances:
+        return []
+    with app.connection_for_write() as connection, connection.default_channel.client.pipeline(transaction=False) as p:
+        for instance in instances:
+            p.zcount(transport_options(instance)["unacked_index_key"], "-inf", taken_before)
+        return [instance for instance, count in zip(instances, p.execute()) if count]
 
 
 def _ran(task_id: str, **_: Any) -> None:

@@ -155,7 +155,7 @@ def restore_stuck_steps(store: Store, app: Celery, settings: Settings) -> list[T
     timeout, hours away, would free it; a step run twice does no harm. Returns them."""
     before = time.time() - 2 * settings.control_time_limit_s - settings.lease_ttl_s  # kombu notes a take in time.time()
     restored = []
-    for instance in store.liveness.consumers():
+    for instance in held_messages.overdue(app, store.liveness.consumers(), before):
         for message in held_messages.restore(app, instance, taken_before=before):
             store.monitoring.count(HANDED_ON, queue_role(message.queue))
             logger.warning("task %s (%s): the worker %s holds it unstarted past twice a step's time limit; re-queued",
