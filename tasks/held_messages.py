@@ -129,7 +129,7 @@ def overdue(app: Celery, instances: list[str], taken_before: float) -> list[str]
     epoch, as kombu notes it), in one round trip."""
     if not instances:
         return []
-    with app.connection_for_write() as connection, connection.default_channel.client.pipeline(transaction=False) as p:
+    with app.pool.acquire(block=True) as connection, connection.default_channel.client.pipeline(transaction=False) as p:
         for instance in instances:
             p.zcount(transport_options(instance)["unacked_index_key"], "-inf", taken_before)
         return [instance for instance, count in zip(instances, p.execute()) if count]
