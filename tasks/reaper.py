@@ -139,10 +139,7 @@ def restore_gone_consumers(store: Store, app: Celery, settings: Settings) -> lis
     from another process (tasks/held_messages.py). Returns them."""
     restored = []
     for instance in store.liveness.gone(store.liveness.consumers(), settings.lease_ttl_s):
-        for message in held_messages.restore(app, instance):
-            store.monitoring.count(HANDED_ON, queue_role(message.queue))
-            logger.warning("task %s (%s): the worker %s stopped; re-queued", message.task_id, message.task, instance)
-            restored.append(message)
+        restored += _requeue_held(store, app, instance, "stopped")
         store.liveness.forget_consumer(instance)
     return restored
 
@@ -156,11 +153,17 @@ def restore_stuck_steps(store: Store, app: Celery, settings: Settings) -> list[T
     before = time.time() - 2 * settings.control_time_limit_s - settings.lease_ttl_s  # kombu notes a take in time.time()
     restored = []
     for instance in held_messages.overdue(app, store.liveness.consumers(), before):
-        for message in held_messages.restore(app, instance, taken_before=before):
-            store.monitoring.count(HANDED_ON, queue_role(message.queue))
-            logger.warning("task %s (%s): the worker %s holds it unstarted past twice a step's time limit; re-queued",
-                           message.task_id, message.task, instance)  # fmt: skip
-            restored.append(message)
+        restored += _requeue_held(store, app, instance, "holds it unstarted past twice a step's time limit", before)
+    return restored
+
+
+def _requeue_held(store: Store, app: Celery, instance: str, why: str, taken_before: float | None = None) -> list[TaskMessage]:
+    """`held_messages.restore` the messages control worker `instance` holds (those taken before
+    `taken_before`, s since the epoch, when given), each counted as handed on and logged with `why`."""
+    restored = held_messages.restore(app, instance, taken_before=taken_before)
+    for message in restored:
+        store.monitoring.count(HANDED_ON, queue_role(message.queue))
+        logger.warning("task %s (%s): the worker %s %s; re-queued", message.task_id, message.task, instance, why)
     return restored
 
 
