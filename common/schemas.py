@@ -555,12 +555,16 @@ class ExplorationReport(Strict):
     measure_by_samples: int | None = Field(None, description="samples by which its N_b was to be measured (None: not measurable)")
     measured_at_samples: int | None = Field(None, description="when its N_b was measured (None: not, or not yet)")
     outcome: str | None = Field(None, description="kept, or left for another batch size, and why")
+    cost: float | None = Field(
+        None, description="what it cost when it ended, on its curve (a fraction of the exploit choice's expected time; < 0: it gained)"
+    )
     note: str
 
     def line(self) -> str:
         """The exploration for people."""
+        cost = "" if self.cost is None else f", it cost {self.cost:.1%}" if self.cost >= 0 else f", it gained {-self.cost:.1%}"
         ending = f"; {self.outcome}" if self.outcome else ""
-        return f"explored b={self.batch_size} (else b={self.exploit_batch_size}), at most {self.cost_bound:.1%} at stake{ending}"
+        return f"explored b={self.batch_size} (else b={self.exploit_batch_size}), at most {self.cost_bound:.1%} at stake{cost}{ending}"
 
 
 class RunReport(Strict):
