@@ -556,7 +556,9 @@ class ExplorationReport(Strict):
     measured_at_samples: int | None = Field(None, description="when its N_b was measured (None: not, or not yet)")
     outcome: str | None = Field(None, description="kept, or left for another batch size, and why")
     cost: float | None = Field(
-        None, description="what it cost when it ended, on its curve (a fraction of the exploit choice's expected time; < 0: it gained)"
+        None,
+        description="its device time beyond the exploit choice's for the same progress when it ended, on its curve, as a fraction "
+        "of the exploit choice's expected time (< 0: it gained; the switch back not counted)",
     )
     note: str
 

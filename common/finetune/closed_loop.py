@@ -16,15 +16,15 @@ At the start the run takes the exploration policy's choice (common/finetune/expl
 expected configuration whose worst case is safe against Baseline 1, or a batch size no run on
 this data measured that may be faster still, explored within the job's budget: it runs from the
 first sample, its solo curve measures its N_b against a measured one (given up, unmeasured, at
-the samples planned: what its cost bound covers; sooner when what it has cost would pass that
-bound by the next evaluation), and then the run keeps the faster of it and the exploit choice.
-The run shows its start (its batch size) to the runs on the same data at once, before its first
-evaluation, and an exploration leaves out a batch size another run there measures now: the
-devices of one job, and jobs at the same time, measure different candidates. At every
-evaluation the belief is updated and the run switches to another batch size (the frequency at a
-batch size follows the cap and the power guard) when the new choice is predicted faster than
-the running one by more than `hysteresis` (`min_gain` once an exploration is measured), after
-`min_dwell_evaluations` at the running one, and at most `max_switches` times. Each switch is a `ConfigSwitch` with cause "evidence" whose
+the samples planned: what its cost bound covers), and then the run keeps the faster of it and
+the exploit choice. The run shows its start (its batch size) to the runs on the same data at
+once, before its first evaluation, and an exploration leaves out a batch size another run there
+measures now: the devices of one job, and jobs at the same time, measure different candidates.
+At every evaluation the belief is updated and the run
+switches to another batch size (the frequency at a batch size follows the cap and the power
+guard) when the new choice is predicted faster than the running one by more than `hysteresis`
+(`min_gain` once an exploration is measured), after `min_dwell_evaluations` at the running one,
+and at most `max_switches` times. Each switch is a `ConfigSwitch` with cause "evidence" whose
 note gives the evidence. The loop adds no work on the device: the test loss comes from the
 evaluations every fine-tune makes (the same pass as the accuracy) and the matching is a few
 arithmetic operations on the host.
@@ -285,10 +285,7 @@ class ClosedLoop:
             moved = self.adaptive.trainer.batch_size != explored  # the cap made it infeasible: `Pinned` fell back
             planned = self._exploring.measure_by_samples
             if not moved and (self.adaptive.trainer.samples < planned if planned is not None else not measured):
-                if planned is None or (over := self._past_bound()) is None:
-                    return None  # measured or not, a planned exploration runs its planned samples: an early match misleads
-                self._ended_exploration(over)
-                return 0.0  # back to the exploit choice if it is faster at all: the bound, not a gain, ends it
+                return None  # measured or not, a planned exploration runs its planned samples: an early match misleads
             why_not = "the cap moved the run off it" if moved else "its N_b was not measured in the samples planned"
             self._ended_exploration(None if measured else why_not)
             return s.policy.min_gain
@@ -296,26 +293,11 @@ class ClosedLoop:
             return None
         return s.hysteresis
 
-    def _past_bound(self) -> str | None:
-        """Why the exploration ends before the samples planned, or None. Its cost bound assumed
-        its N_b within the interval trusted at the start; its solo curve so far, as the belief
-        matches it now, may say otherwise. What it has cost, with one more evaluation interval at
-        that rate and one for the switch, must stay within the bound, else the run leaves it now
-        (as zeus stops a run past its cost threshold), so the bound holds whatever the proxy said."""
-        assert self._exploring is not None
-        cost = self._exploration_cost()
-        if cost is None or cost[1] <= self._exploring.cost_bound:
-            return None
-        return (
-            f"given up at {self.adaptive.trainer.samples} samples of {self._exploring.measure_by_samples} planned: on its curve so "
-            f"far it would cost {cost[1]:.1%} by the next evaluation, past its bound of {self._exploring.cost_bound:.1%}"
-        )
-
-    def _exploration_cost(self) -> tuple[float, float] | None:
-        """What the exploration has cost so far, and would by the next evaluation and a switch
-        back, as fractions of the exploit choice's expected time: its device time less the
-        exploit choice's for the same progress (its samples over its N_b as the belief matches
-        its curve now); negative where it gained. None where the belief cannot tell."""
+    def _exploration_cost(self) -> float | None:
+        """What the exploration has cost so far, as a fraction of the exploit choice's expected
+        time: its device time less the exploit choice's for the same progress (its samples over
+        its N_b as the belief matches its curve now); negative where it gained. None where the
+        belief cannot tell."""
         assert self._exploring is not None and self.belief is not None
         e, x, segment = self._exploring.selection.batch_size, self._exploring.exploit.batch_size, self._curve.segments[0]
         try:
@@ -324,10 +306,8 @@ class ClosedLoop:
             return None
         if x not in found or e not in self.belief.estimates or segment.end_samples <= 0:
             return None
-        exploit, step = found[x], self.identity.eval_every_samples
-        cost_s = segment.device_time_s - segment.end_samples / self.belief.estimates[e].samples * exploit.expected_s
-        by_next_s = cost_s * (1 + step / segment.end_samples) + step * exploit.per_sample_s
-        return cost_s / exploit.expected_s, by_next_s / exploit.expected_s
+        exploit = found[x]
+        return segment.device_time_s / exploit.expected_s - segment.end_samples / self.belief.estimates[e].samples
 
     def _switch_if_faster(self, run: DeviceTotals, now: Belief, strategy: Believed, threshold: float) -> str | None:
         """Switch to the belief's choice when it is predicted faster than the running
@@ -371,7 +351,7 @@ class ClosedLoop:
         assert self._exploring is not None and self.exploration is not None
         b, samples = self._exploring.selection.batch_size, self.adaptive.trainer.samples
         if (cost := self._exploration_cost()) is not None:
-            self.exploration = self.exploration.model_copy(update={"cost": cost[0]})
+            self.exploration = self.exploration.model_copy(update={"cost": cost})
         if why_not is None and self.belief is not None:
             top = max(e.samples for e in self.belief.estimates.values())
             outcome = f"measured at {samples} samples: r_b {self.belief.estimates[b].samples / top:.2f} on this data"

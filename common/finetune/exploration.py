@@ -26,9 +26,7 @@ t_b = T[b][f*_b] / N_s. Then, with N_b on the belief's scale:
   slower count at most (t_e - t_x * N_x / N_e,worst) each (a solo run's progress is the same
   test loss whatever the batch, so the samples are not lost, only their speed), plus one
   evaluation interval at the exploit choice for the switch; the loop gives it up when it is not
-  measured in those samples, and sooner where its curve so far says its N_b is past that worst
-  case and what it has cost would pass the bound by the next evaluation
-  (common/finetune/closed_loop.py), so the bound covers all it may run. Without a measured batch size to
+  measured in those samples, so the bound covers all it may run. Without a measured batch size to
   match it against, a candidate is explored only when its whole worst case fits the budget.
   Once measured, the loop keeps the faster of it and the exploit choice (common/finetune/closed_loop.py).
 - **Spread**: a batch size that another run on this data trains solo now (its N_b is being
