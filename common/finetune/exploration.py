@@ -26,12 +26,8 @@ t_b = T[b][f*_b] / N_s. Then, with N_b on the belief's scale:
   slower count at most (t_e - t_x * N_x / N_e,worst) each (a solo run's progress is the same
   test loss whatever the batch, so the samples are not lost, only their speed), plus one
   evaluation interval at the exploit choice for the switch; the loop gives it up when it is not
-  measured in those samples, so the bound covers all it may run. That needs a measured batch
-  size above the candidate, whose N_b bounds the candidate's from above (N_b grows with b): above
-  every measured one, nothing bounds it but the proxy, whose error the bound would inherit, and a
-  larger batch's first evaluations, where it is compared, are its slowest per sample (every
-  exploration measured over its bound here was such a one). Such a candidate, or one with no
-  measured batch size at all, is explored only when its whole worst case fits the budget.
+  measured in those samples, so the bound covers all it may run. Without a measured batch size to
+  match it against, a candidate is explored only when its whole worst case fits the budget.
   Once measured, the loop keeps the faster of it and the exploit choice (common/finetune/closed_loop.py).
 - **Spread**: a batch size that another run on this data trains solo now (its N_b is being
   measured: devices of the same job, or jobs at the same time) is not explored again; the next
@@ -149,7 +145,7 @@ class ExplorationPolicy:
             if e.optimistic_s >= x.expected_s * (1 - self.min_gain):
                 continue
             samples = self.measure_by(x, eval_every_samples)
-            if any(m > e.batch_size for m in partners):  # a measured larger batch bounds its N_b from above
+            if partners - {e.batch_size}:
                 worst_progress = x.estimate.samples / e.estimate.high  # x's samples per sample at e, at e's worst N_b
                 cost_s = samples * max(0.0, e.per_sample_s - x.per_sample_s * worst_progress) + eval_every_samples * x.per_sample_s
                 measured_by: int | None = samples
@@ -169,11 +165,8 @@ def _exploit_note(x: Candidate) -> str:
 def _explore_note(e: Candidate, x: Candidate, cost: float, measured_by: int | None, partners: frozenset[int],
                   elsewhere: Mapping[int, str]) -> str:  # fmt: skip
     gain = 1 - e.optimistic_s / x.expected_s
-    if measured_by:
-        how = f"its solo curve is matched against b={sorted(partners - {e.batch_size})} by {measured_by} samples"
-    else:
-        how = "no measured batch size above it bounds its N_b: its whole worst case counts" if partners else \
-            "no run measured another batch size on this data"  # fmt: skip
+    how = (f"its solo curve is matched against b={sorted(partners - {e.batch_size})} by {measured_by} samples"
+           if measured_by else "no run measured another batch size on this data")  # fmt: skip
     others = "".join(f"; b={b} is being measured by {r}" for b, r in sorted(elsewhere.items()))
     return (f"exploring b={e.batch_size}: it may be up to {gain:.0%} faster than b={x.batch_size} ({e.estimate.describe()}); "
             f"{how}; at most {cost:.1%} of the run's expected time at stake{others}")  # fmt: skip

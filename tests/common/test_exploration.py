@@ -136,27 +136,6 @@ def test_nothing_is_explored_without_a_measured_partner_unless_its_whole_worst_c
     )
 
 
-def test_a_batch_size_above_every_measured_one_is_explored_only_when_its_whole_worst_case_fits_the_budget() -> None:
-    # b=16 and b=32 measured; the proxy puts b=128 (and b=64) far above them, trusted within a wide width, so b=128 may
-    # be the fastest (its N_b at least b=32's) or far slower: nothing measured above it bounds it, so its curve compared
-    # over a window would be a bound that rests on the proxy alone; its whole worst case counts instead
-    per_sample = {16: 0.0020, 32: 0.0012, 64: 0.0010, 128: 0.0009}
-    prior = PRIOR.model_copy(update={"ratios": [0.4, 0.5, 0.75, 1.0], "samples_mean": [800.0, 1000.0, 1500.0, 2000.0]})
-    tbl, view = table(per_sample), belief([solo(16), solo(32)], prior, trust_width=0.3)
-    found = candidates(tbl, None, view, "closed_loop")
-    b1 = baseline1_per_sample_s(tbl, None, view, None, found)
-    x = next(c for c in found if c.batch_size == 32)
-    e = next(c for c in found if c.batch_size == 128)
-    window_cost = (1536 * (e.per_sample_s - x.per_sample_s * x.estimate.samples / e.estimate.high) + 256 * x.per_sample_s) / x.expected_s
-    assert e.optimistic_s < 0.97 * x.expected_s and window_cost < 0.15  # what a window over its curve would have risked
-    choice = ExplorationPolicy(budget=0.15).choose(found, b1, view, 256)
-    assert choice.role == "exploit" and choice.selection.batch_size == 32
-    generous = ExplorationPolicy(budget=2.0).choose(found, b1, view, 256)
-    assert (generous.role, generous.selection.batch_size, generous.measure_by_samples) == ("explore", 128, None)
-    assert generous.cost_bound == pytest.approx(e.per_sample_s * e.estimate.high / x.expected_s - 1)
-    assert "no measured batch size above it bounds its N_b" in generous.selection.note
-
-
 def test_an_exploration_is_measured_over_a_share_of_a_long_run_and_over_six_evaluations_of_a_short_one() -> None:
     tbl = table({16: 0.0020, 32: 0.0015, 64: 0.00110, 128: 0.0010})
     x = next(c for c in candidates(tbl, None, belief([solo(32), solo(128)], PRIOR), "closed_loop") if c.batch_size == 128)
