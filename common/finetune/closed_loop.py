@@ -32,6 +32,7 @@ arithmetic operations on the host.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -291,7 +292,18 @@ class ClosedLoop:
             return s.policy.min_gain
         if self._since_switch < s.min_dwell_evaluations or self.switches >= s.max_switches:
             return None
+        if len(self._curve.segments) == 1 and self.adaptive.trainer.samples < self._solo_window():
+            return None  # the run's own solo curve is compared no earlier than an exploration's
         return s.hysteresis
+
+    def _solo_window(self) -> int:
+        """The samples before which a run's solo curve is not compared for a switch: the share of
+        its expected samples an exploration is measured over (`ExplorationPolicy.measure_share`),
+        as early in a long run a small batch's test loss falls faster per sample than it goes on
+        to, and a larger one's slower."""
+        assert self.belief is not None
+        running = self.belief.estimates.get(self.adaptive.trainer.batch_size)
+        return 0 if running is None else math.ceil(self.settings.policy.measure_share * running.samples)
 
     def _exploration_cost(self) -> float | None:
         """What the exploration has cost so far, as a fraction of the exploit choice's expected
