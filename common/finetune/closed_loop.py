@@ -23,8 +23,9 @@ measures now: the devices of one job, and jobs at the same time, measure differe
 At every evaluation the belief is updated and the run
 switches to another batch size (the frequency at a batch size follows the cap and the power
 guard) when the new choice is predicted faster than the running one by more than `hysteresis`
-(`min_gain` once an exploration is measured), after `min_dwell_evaluations` at the running one,
-and at most `max_switches` times. Each switch is a `ConfigSwitch` with cause "evidence" whose
+(`min_gain` once an exploration is measured), after `min_dwell_evaluations` at the running one
+(and, on the batch size it started with, the exploration window's share of its samples), and
+at most `max_switches` times. Each switch is a `ConfigSwitch` with cause "evidence" whose
 note gives the evidence. The loop adds no work on the device: the test loss comes from the
 evaluations every fine-tune makes (the same pass as the accuracy) and the matching is a few
 arithmetic operations on the host.
