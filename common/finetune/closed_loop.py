@@ -33,7 +33,6 @@ arithmetic operations on the host.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -299,12 +298,12 @@ class ClosedLoop:
 
     def _solo_window(self) -> int:
         """The samples before which a run's solo curve is not compared for a switch: the share of
-        its expected samples an exploration is measured over (`ExplorationPolicy.measure_share`),
+        its expected samples an exploration is measured over (`ExplorationPolicy.share_samples`),
         as early in a long run a small batch's test loss falls faster per sample than it goes on
         to, and a larger one's slower."""
         assert self.belief is not None
         running = self.belief.estimates.get(self.adaptive.trainer.batch_size)
-        return 0 if running is None else math.ceil(self.settings.policy.measure_share * running.samples)
+        return 0 if running is None else self.settings.policy.share_samples(running.samples, self.identity.eval_every_samples)
 
     def _exploration_cost(self) -> float | None:
         """What the exploration has cost so far, as a fraction of the exploit choice's expected

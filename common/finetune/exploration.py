@@ -115,8 +115,12 @@ class ExplorationPolicy:
         """The samples an exploration runs before its N_b is compared with the exploit choice
         `x`'s: `measure_evaluations` evaluations, and at least `measure_share` of `x`'s
         expected samples (whole evaluation intervals)."""
-        share = math.ceil(self.measure_share * x.estimate.samples / eval_every_samples)
-        return max(self.measure_evaluations, share) * eval_every_samples
+        return max(self.measure_evaluations * eval_every_samples, self.share_samples(x.estimate.samples, eval_every_samples))
+
+    def share_samples(self, expected_samples: float, eval_every_samples: int) -> int:
+        """`measure_share` of `expected_samples`, in whole evaluation intervals: before it, a
+        solo curve is not compared (for an exploration, and for a run's own first switch)."""
+        return math.ceil(self.measure_share * expected_samples / eval_every_samples) * eval_every_samples
 
     def safe(self, c: Candidate, baseline1_per_sample_s: float, largest: Estimate) -> bool:
         """Whether `c`'s worst case is at most `bound` over Baseline 1's time."""
