@@ -23,11 +23,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # A suite started in the background by a non-interactive shell (or under nohup) inherits SIGINT
-# ignored, and so would every process it starts: the tests that press Ctrl-C on a command or a
-# worker (SIGINT) need it as a terminal leaves it. A handler, unlike an ignored signal, is not
-# inherited across exec, so the commands the tests start get Python's own.
+# ignored, and one started by a runner that blocks signals inherits it blocked; so would every
+# process it starts: the tests that press Ctrl-C on a command or a worker (SIGINT) need it as a
+# terminal leaves it. A handler, unlike an ignored signal, is not inherited across exec, so the
+# commands the tests start get Python's own; a blocked mask is inherited, so it is cleared.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 @pytest.fixture(scope="session")
