@@ -11,7 +11,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from ..redis_address import sentinel_address
 
@@ -54,6 +54,18 @@ class PatientRetry(Retry):
                     raise
 
 
+class MasterFollowingConnection(SentinelManagedConnection):
+    """A connection to the master behind Sentinel that asks the sentinels where it is at every
+    connection attempt. redis-py 8 reconnects a connection inside a command's retries without
+    its Sentinel lookup, so a command in flight when the master died would dial the old address
+    for all its retries (about 30 s) and fail, though the sentinels had promoted a replica."""
+
+    def _connect(self) -> Any:
+        if self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        return super()._connect()
+
+
 def text(value: object) -> str | None:
     """A reply of a client made by `connect` (strings decoded) as `str`, None kept."""
     return None if value is None else str(value)
@@ -88,15 +100,15 @@ def connect(url: str, patient: bool = False) -> redis.Redis:
     sentinels where the master is now."""
     backoff = ExponentialBackoff(cap=4.0, base=0.1)
     retry = PatientRetry(backoff, PATIENT_RETRIES) if patient else Retry(backoff, QUICK_RETRIES)
-    options = dict(decode_responses=True, retry=retry, retry_on_error=[ConnectionError, TimeoutError],
-                   socket_connect_timeout=CONNECT_TIMEOUT_S)  # fmt: skip
+    options: dict[str, Any] = dict(decode_responses=True, retry=retry, retry_on_error=[ConnectionError, TimeoutError],
+                                   socket_connect_timeout=CONNECT_TIMEOUT_S)  # fmt: skip
     address = sentinel_address(url)
     if address is None:
         return redis.Redis.from_url(url, **options)
     timeouts = {"socket_connect_timeout": CONNECT_TIMEOUT_S, "socket_timeout": CONNECT_TIMEOUT_S}
     sentinel = Sentinel(list(address.sentinels), sentinel_kwargs=timeouts)
     return sentinel.master_for(address.master_name, db=address.db, username=address.username, password=address.password,
-                               **options)  # fmt: skip
+                               connection_class=MasterFollowingConnection, **options)  # fmt: skip
 
 
 def master_address(client: redis.Redis) -> str | None:

@@ -6,6 +6,7 @@ it, the job completes with its fine-tune run once, and `status` says the store f
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import redis
@@ -14,6 +15,7 @@ from edgetrain.common.jobs.state import EventKind, PartState
 from edgetrain.common.presets import quick_job
 from edgetrain.common.schemas import JobSpec
 from edgetrain.common.store import Store
+from edgetrain.common.store.connection import connect
 from edgetrain.common.testing.redis_processes import SentinelGroup, redis_binary
 from edgetrain.tasks.client import EdgeTrainClient, poll_until
 from edgetrain.workers.commands.redis_acl import ROLES, acl_file
@@ -54,6 +56,33 @@ def test_killing_the_primary_mid_fine_tune_loses_nothing(tmp_path, sentinels, re
         shown = subprocess.run([sys.executable, "-m", "edgetrain.workers.cli", "status", job_id], capture_output=True, text=True,
                                env={**os.environ, "EDGETRAIN_REDIS_URL": cluster.url}, timeout=60)  # fmt: skip
         assert shown.returncode == 0 and "the store failed over" in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_a_command_in_flight_when_the_primary_dies_is_retried_on_the_promoted_replica(sentinels) -> None:
+    client = connect(sentinels.url, patient=True)  # a worker's client
+    assert client.ping()
+    answer: list[object] = []
+    waiting = threading.Thread(target=lambda: answer.append(_or_error(lambda: client.blpop(["edgetrain-test"], timeout=60))))
+    waiting.start()
+    poll_until(lambda: _blocked_on(sentinels.primary) or None, 30, 0.1, "BLPOP in flight")
+    old = sentinels.master_port()
+    sentinels.primary.kill()
+    promoted = poll_until(lambda: (port := sentinels.master_port()) != old and port or None, 60, 0.5, "the replica promoted")
+    poll_until(lambda: _blocked_on(sentinels.replica) or None, 30, 0.2, "BLPOP sent again to the promoted replica")
+    sentinels.replica.client().rpush("edgetrain-test", "after the failover")
+    waiting.join(60)
+    assert promoted == sentinels.replica.port and answer == [("edgetrain-test", "after the failover")], answer
+
+
+def _blocked_on(server) -> bool:
+    return any(c["cmd"] == "blpop" for c in server.client().client_list())
+
+
+def _or_error(call):
+    try:
+        return call()
+    except redis.RedisError as error:
+        return error
 
 
 def test_with_a_user_per_role_the_sentinels_fail_over_and_the_old_primary_comes_back_as_a_replica(tmp_path) -> None:
