@@ -341,6 +341,12 @@ def summary(outcomes: list[Outcome]) -> dict[str, Any]:
     behind_eq4 = [r for o in related if (r := o.ratio(o.equation4_s)) is not None]
     over_b1 = [r for o in poor if (r := o.ratio(o.baseline1_s)) is not None]
     kept = [o.oracle_s / o.job.time_s for o in poor if o.baseline1_s and o.baseline1_s / o.oracle_s > 1.0]
+    oracle_over_b1 = [o for o in poor if o.baseline1_s and o.oracle_s / o.baseline1_s > 1.02]
+    sequences: dict[tuple[str, str], list[Outcome]] = {}
+    for o in poor:
+        if o.baseline1_s:
+            sequences.setdefault((o.setting, o.row), []).append(o)
+    summed = [sum(o.job.time_s for o in os_) / sum(o.baseline1_s or 0.0 for o in os_) for os_ in sequences.values()]
     third = [o for o in outcomes if o.index == 3]
     explored = [o for o in outcomes if o.job.role == "explore"]
     return {
@@ -350,6 +356,12 @@ def summary(outcomes: list[Outcome]) -> dict[str, Any]:
         "related_worst_vs_equation4": max(behind_eq4, default=None),
         "related_over_3pct_behind_equation4": sum(1 for r in behind_eq4 if r > 1.03),
         "poor_worst_vs_baseline1": max(over_b1, default=None), "poor_over_1.02x_baseline1": sum(1 for r in over_b1 if r > 1.02),
+        # the same seed's draw: jobs where the oracle's own configuration is over 1.02x Baseline 1's run, and of those the job's
+        "poor_oracle_over_1.02x_baseline1": len(oracle_over_b1),
+        "poor_over_1.02x_baseline1_where_the_oracle_is": sum(1 for o in oracle_over_b1 if (o.ratio(o.baseline1_s) or 0) > 1.02),
+        # over a row's sequence of jobs (the seeds' draws summed): its jobs' time over Baseline 1's runs' time
+        "poor_sequences": len(summed), "poor_sequences_over_1.02x_baseline1": sum(1 for r in summed if r > 1.02),
+        "poor_worst_sequence_vs_baseline1": max(summed, default=None),
         "poor_rows_with_a_speedup": len(kept), "poor_kept_90pct": sum(1 for k in kept if k >= 0.9) / max(1, len(kept)),
         "third_job_within_3pct": within(third, 0.03), "sequences": len(third),
         "by_job": {k: within([o for o in outcomes if o.index == k], 0.03) for k in sorted({o.index for o in outcomes})},
