@@ -14,6 +14,11 @@ Last, on a Redis of its own, one job over 10 000 devices (`--scrape-devices`) is
 real `edgetrain exporter` process is scraped over HTTP, as Prometheus scrapes it: the time to the
 last byte of /metrics, and the exporter's CPU per scrape.
 
+Beside the control worker's CPU per paced job, the bench runs the same planning step (`advance_job`
+of a single-device job, its fine-tune sent) in its own process on a Redis of its own
+(`--step-jobs`): that step's CPU is what a job costs without Celery's handling of its message
+(taking it, handing it to a pool process, acknowledging it), which is the rest.
+
 Latency = when a part's fine-tune was dispatched minus the job's submission time. Every part is
 checked at the end: each dispatched once, each device queue holding one fine-tune per job.
 What each paced job costs: the control worker's CPU (its main process and pool children) and
@@ -22,7 +27,7 @@ times those sent meanwhile), divided by the paced jobs. Runs
 the three sizes by default, each on its own Redis, and prints how each figure grows.
 
     python bench/fleet_load.py [--sizes 500 2000 10000] [--rates 25 100 250] [--control-concurrency 2]
-                               [--scrape-devices 10000] [--json OUT]
+                               [--scrape-devices 10000] [--step-jobs 400] [--json OUT]
 """
 
 from __future__ import annotations
@@ -280,6 +285,47 @@ def scrape_run(devices: int, repeat: int = 20) -> dict:
     return {"devices": devices, "scrape_ms": {"median": median, "p99": p99}, "exporter_cpu_ms": cpu_ms, "bytes": len(body)}
 
 
+def step_run(jobs: int, warm_up: int = 20) -> dict:
+    """`jobs` single-device jobs planned by calling `advance_job` in this process (configured
+    as a control worker's pool process is), on a Redis of its own: the step's CPU (ms) and round
+    trips to Redis per job, the first `warm_up` left out."""
+    import redis.connection
+
+    from edgetrain.tasks import context
+    from edgetrain.tasks.workflow import advance_job
+    from edgetrain.workers.processes.cluster import EmbeddedRedis
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = EmbeddedRedis(Path(tmp))
+        send = redis.connection.AbstractConnection.send_packed_command
+        sent = [0]
+
+        def counted(connection, *args, **kwargs):
+            sent[0] += 1
+            return send(connection, *args, **kwargs)
+
+        try:
+            store, infos = context.init(Settings(redis_url=server.url)), fleet_infos(warm_up + jobs)
+            for info in infos:
+                store.fleet.register(info, 3600, f"bench:{info.device_id}")
+            put_resources(store, infos)
+            client = EdgeTrainClient(server.url)
+            job_ids = [client.submit(job_spec([info])) for info in infos]
+            for job_id in job_ids[:warm_up]:
+                advance_job(job_id)
+            redis.connection.AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+            started = time.process_time()
+            for job_id in job_ids[warm_up:]:
+                advance_job(job_id)
+            cpu_s_used = time.process_time() - started
+            dispatched = store._redis.zcard(store.keys.dispatched())
+        finally:
+            redis.connection.AbstractConnection.send_packed_command = send  # type: ignore[method-assign]
+            server.stop()
+    assert dispatched == len(job_ids), f"{dispatched} of {len(job_ids)} fine-tunes dispatched"
+    return {"jobs": jobs, "cpu_ms_per_job": cpu_s_used / jobs * 1e3, "round_trips_per_job": sent[0] / jobs}
+
+
 def put_resources(store: Store, infos: list[DeviceInfo]) -> None:
     """A table for each device type and the job's relation vector, as profiling and the proxy would store them."""
     rng = random.Random(0)
@@ -297,6 +343,7 @@ def main() -> None:
     parser.add_argument("--rates", type=float, nargs="+", default=[25.0, 100.0, 250.0], help="paced jobs/s, one per size")
     parser.add_argument("--control-concurrency", type=int, default=2)
     parser.add_argument("--scrape-devices", type=int, default=10000, help="devices of the one job the exporter scrapes; 0: no scrape")
+    parser.add_argument("--step-jobs", type=int, default=400, help="jobs of the in-process planning step; 0: none")
     parser.add_argument("--json")
     args = parser.parse_args()
     if len(args.rates) != len(args.sizes):
@@ -325,6 +372,13 @@ def main() -> None:
             f"{r['redis_commands_per_job']:.0f} commands (the fleet's heartbeats taken out); Redis's CPU "
             f"{100 * r['redis_cpu_idle']:.0f} % of a core with heartbeats alone, {100 * r['redis_cpu_paced']:.0f} % while paced"
         )
+    step = step_run(args.step_jobs) if args.step_jobs else None
+    if step:
+        print(
+            f"the planning step alone (advance_job of a single-device job in this process, its fine-tune sent): "
+            f"{step['cpu_ms_per_job']:.2f} ms of CPU and {step['round_trips_per_job']:.1f} round trips to Redis per job; "
+            f"the rest of each paced job's control-worker CPU above is Celery's handling of its message"
+        )
     scraped = scrape_run(args.scrape_devices) if args.scrape_devices else None
     if scraped:
         print(
@@ -340,7 +394,7 @@ def main() -> None:
             f"{small['devices']} -> {big['devices']} devices (x{ideal:g}, linear): dispatch time x{grew:.1f}, status median x{status:.1f}"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps({"sizes": results, "scrape": scraped}, indent=2))
+        Path(args.json).write_text(json.dumps({"sizes": results, "step": step, "scrape": scraped}, indent=2))
 
 
 if __name__ == "__main__":
