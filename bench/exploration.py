@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import math
 import random
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -147,7 +148,7 @@ class Curves:
 @dataclass
 class Job:
     """A replayed fine-tune: what it ran (segments of batch size and samples), its device time
-    to the target (s, SIMULATED), its samples to accuracy, the start choice's role and note, its
+    to the target (s, SIMULATED; inf where it never reached it), its samples to accuracy, the start choice's role and note, its
     exploration's cost bound and report, its switches' notes and the record it left."""
 
     row: tuple[str, float | None]
@@ -245,16 +246,16 @@ def replay(curves: Curves, tbl: ProfileTable, cap: float | None, envelope: list[
         raise RuntimeError(f"no configuration of {row} meets its cap")
     outcome, totals = train_to_accuracy(trainer, st.target.accuracy, EVAL_EVERY, 2 * MAX_SAMPLES, seed, device,  # type: ignore[arg-type]
                                         totals=run, control=loop)  # fmt: skip
-    if outcome.samples_to_accuracy is None:
-        raise RuntimeError(f"job {index} of {row} did not reach the target")
     record = loop.finish(totals, outcome)
-    overshoot = outcome.samples_processed - outcome.samples_to_accuracy  # trained past the crossing, to the evaluation after it
-    time_s = totals.elapsed_s - overshoot * per_sample_s(tbl, trainer.batch_size, adaptive.frequency_hz)
+    reached = outcome.samples_to_accuracy
+    overshoot = 0 if reached is None else outcome.samples_processed - reached  # trained past the crossing, to the evaluation after it
+    # a job that never reached the target (its batch size does not on this data) is a miss in every figure: infinitely slow
+    time_s = math.inf if reached is None else totals.elapsed_s - overshoot * per_sample_s(tbl, trainer.batch_size, adaptive.frequency_hz)
     segments = [(s.batch_size, s.end_samples - s.start_samples) for s in record.segments]
     segments[-1] = (segments[-1][0], segments[-1][1] - overshoot)
     moves = [f"at {s.samples} samples: b={s.old_batch_size} -> b={s.new_batch_size} [{s.cause}] {s.note}"
              for s in adaptive.switches if s.samples > 0]  # fmt: skip
-    return Job(row, seed, index, [(b, round(n)) for b, n in segments], time_s, outcome.samples_to_accuracy, choice.role,
+    return Job(row, seed, index, [(b, round(n)) for b, n in segments], time_s, math.inf if reached is None else reached, choice.role,
                choice.selection.note or "", choice.cost_bound, loop.exploration.line() if loop.exploration else "", moves, record,
                choice.exploit)  # fmt: skip
 
