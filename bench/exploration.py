@@ -33,11 +33,13 @@ Compared per job, like for like on the same seed: Baseline 1, the paper's plain 
 on the proxy's vector, and the oracle (equation (4) on the target's N_b over the job seeds).
 
     python -m bench.exploration [--seeds 0 1 2 3 ... | --held-out] [--jobs 5] [--json OUT] [--verbose]
-                                [--processes N] [--prepare-only] [--together shown|hidden]
+                                [--processes N] [--prepare-only] [--together shown|hidden|curves]
 
 `--together` runs the rows of a round at the same time, as the devices of one job on the same
 data: each job sees the records of earlier rounds and, with "shown", the starts of the rows
-before it in the round (what the fleet shows of a run at its start), not their curves.
+before it in the round (what the fleet shows of a run at its start), not their curves; with
+"curves", also their curves as far as they had run at its own device time (what the fleet shows
+of a running fine-tune at each evaluation), so only the rows after it in the round are unseen.
 
 `--processes N` computes the missing cached runs of every chosen seed first, in N worker
 processes of one thread each; `--prepare-only` stops there.
@@ -51,6 +53,7 @@ import json
 import math
 import random
 import sys
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -220,13 +223,14 @@ class CurveTrainer:
 
 
 def replay(curves: Curves, tbl: ProfileTable, cap: float | None, envelope: list[float], prior: RelationVector,
-           records: list[FinetuneRecord], trust: float, seed: int, index: int, row: tuple[str, float | None],
+           records: Callable[[float], list[FinetuneRecord]], trust: float, seed: int, index: int, row: tuple[str, float | None],
            settings: LoopSettings, started: dict[str, FinetuneRecord] | None = None) -> Job:  # fmt: skip
     """One edgetrain job: the product's closed loop (common/finetune/closed_loop.py) around the cap
     control (common/finetune/adaptive.py) on a replayed table (SIMULATED time and power), training a
     CurveTrainer to the target as a fine-tune trains, starting from equation (4)'s choice on the
-    prior as a job's devices do. `started`, when given, gets the partial record the job shows
-    at its start (what the jobs that start meanwhile see of it)."""
+    prior as a job's devices do. `records` gives the records it sees at a device time of its run
+    (s). `started`, when given, gets the partial record the job shows at its start (what the jobs
+    that start meanwhile see of it)."""
     st, lr = curves.setting, LearningRatePolicy()
     initial = Equation4(prior).choose(tbl, cap)
     trainer = CurveTrainer(curves, seed, initial.batch_size)
@@ -239,8 +243,9 @@ def replay(curves: Curves, tbl: ProfileTable, cap: float | None, envelope: list[
                               target_accuracy=st.target.accuracy, lr=lr, eval_every_samples=EVAL_EVERY,
                               device_type=row[0], seed=seed)  # fmt: skip
     shown = (lambda r: started.setdefault(r.record_id, r)) if started is not None else (lambda _: None)
-    loop = ClosedLoop(adaptive, prior, lambda: records, identity, settings, trust=trust, power_envelope_w=envelope, publish=shown)
     run = DeviceTotals()
+    loop = ClosedLoop(adaptive, prior, lambda: records(run.elapsed_s), identity, settings, trust=trust, power_envelope_w=envelope,
+                      publish=shown)  # fmt: skip
     choice = loop.start(run)
     if choice is None:
         raise RuntimeError(f"no configuration of {row} meets its cap")
@@ -285,13 +290,47 @@ class Outcome:
         return None if other is None else self.job.time_s / other
 
 
+def as_of(record: FinetuneRecord, device_s: float) -> FinetuneRecord | None:
+    """`record` as the fleet showed it `device_s` (s) into its run: its segments and evaluations
+    up to then (the device time within a segment taken as even per sample), running unless it had
+    ended by then; None before its first evaluation."""
+    if device_s >= sum(x.device_time_s for x in record.segments):
+        return record
+    kept, spent = [], 0.0
+    for segment in record.segments:
+        if spent + segment.device_time_s <= device_s:
+            kept.append(segment)
+            spent += segment.device_time_s
+            continue
+        per_sample_s = segment.device_time_s / max(1, segment.end_samples - segment.start_samples)
+        end = segment.start_samples + int((device_s - spent) / per_sample_s)
+        if curve := [p for p in segment.curve if p[0] <= end]:
+            kept.append(segment.model_copy(update={"end_samples": curve[-1][0], "device_time_s": device_s - spent, "curve": curve}))
+        break
+    if not kept:
+        return None
+    return record.model_copy(update={"segments": kept, "reached": False, "samples_to_accuracy": None, "running": True})
+
+
+def round_view(earlier: list[FinetuneRecord], this_round: list[FinetuneRecord], started: dict[str, FinetuneRecord],
+               together: str) -> Callable[[float], list[FinetuneRecord]]:  # fmt: skip
+    """What a row sees at a device time of its run (s): the records of earlier rounds, and of the
+    rows before it in its round all (one after the other), their starts (`started`; "shown",
+    "curves") or nothing ("hidden"), and with "curves" their curves as far as they had run."""
+    if together == "curves":
+        return lambda t: [*earlier, *(as_of(r, t) or started[r.record_id] for r in this_round)]
+    fixed = [*earlier, *(started.values() if together in ("shown", "hidden") else this_round)]
+    return lambda _: fixed
+
+
 def run_setting(st: Setting, jobs: int, history: dict[str, list[ProxyCheck]], loop: LoopSettings, log: Any,
                 together: str = "") -> list[Outcome]:  # fmt: skip
     """Every row's sequence of `jobs` jobs on the setting's data (see the module docstring).
     `together` "shown": the rows of a round start at the same time, as the devices of one job:
     each sees the records of earlier rounds and the starts of the rows before it in the round
     (as a fleet shows a run's start at once), not their curves; "hidden": the same, the starts
-    not shown (the product before it showed them)."""
+    not shown (the product before it showed them); "curves": as "shown", and the curves of the
+    rows before it as far as they had run at its own device time."""
     weights = st.weights_url()
     b_sizes = list(st.batch_sizes)
     prior = vector(MODEL, weights, st.proxy.dataset, st.proxy.accuracy, [0, 1], b_sizes)
@@ -309,9 +348,9 @@ def run_setting(st: Setting, jobs: int, history: dict[str, list[ProxyCheck]], lo
             tbl = rows_of(table(twin), b_sizes)
             envelope = load_twin(twin).full_load_power_w
             trust = trust_width(others)
-            seen = [*earlier, *started.values()] if together else records
+            seen = round_view(earlier, records[len(earlier) :], dict(started), together)
             job = replay(curves, tbl, cap, envelope, prior, seen, trust, k, k + 1, (twin, cap), loop,
-                         started if together == "shown" else None)  # fmt: skip
+                         started if together in ("shown", "curves") else None)  # fmt: skip
             records.append(job.record)
             oracle = Oracle(target_vector).choose(tbl, cap)
             plain = Equation4(prior).choose(tbl, cap)
@@ -413,9 +452,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prepare-only", action="store_true", help="compute the cached runs and stop")
     parser.add_argument(
         "--together",
-        choices=["shown", "hidden"],
+        choices=["shown", "hidden", "curves"],
         default="",
-        help="the rows of a round start at once (one job over several devices), their starts shown to each other or not",
+        help="the rows of a round start at once (one job over several devices), their starts shown to each other or not, "
+        "or their starts and curves so far",
     )
     args = parser.parse_args(argv)
     seeds = HELD_OUT_SEEDS if args.held_out else args.seeds
