@@ -58,10 +58,22 @@ class MasterFollowingConnection(SentinelManagedConnection):
     """A connection to the master behind Sentinel that asks the sentinels where it is at every
     connection attempt. redis-py 8 reconnects a connection inside a command's retries without
     its Sentinel lookup, so a command in flight when the master died would dial the old address
-    for all its retries (about 30 s) and fail, though the sentinels had promoted a replica."""
+    for all its retries (about 30 s) and fail, though the sentinels had promoted a replica. An
+    attempt through `connect_to` has just been given the address the sentinels named: it asks
+    them once, not twice."""
+
+    _addressed = False  # the attempt under way dials the address `connect_to` was just given
+
+    def connect_to(self, address: Any) -> None:
+        """Connect to `address` (host, port), the master the sentinels named just now."""
+        self._addressed = True
+        try:
+            super().connect_to(address)
+        finally:
+            self._addressed = False
 
     def _connect(self) -> Any:
-        if self.connection_pool.is_master:
+        if self.connection_pool.is_master and not self._addressed:
             self.host, self.port = self.connection_pool.get_master_address()
         return super()._connect()
 

@@ -60,7 +60,10 @@ def test_killing_the_primary_mid_fine_tune_loses_nothing(tmp_path, sentinels, re
 
 def test_a_command_in_flight_when_the_primary_dies_is_retried_on_the_promoted_replica(sentinels) -> None:
     client = connect(sentinels.url, patient=True)  # a worker's client
-    assert client.ping()
+    sentinel, lookups = client.connection_pool.sentinel_manager, []
+    ask = sentinel.discover_master
+    sentinel.discover_master = lambda name: lookups.append(name) or ask(name)  # type: ignore[method-assign]
+    assert client.ping() and len(lookups) == 1, lookups  # a new connection asks the sentinels where the master is once
     answer: list[object] = []
     waiting = threading.Thread(target=lambda: answer.append(_or_error(lambda: client.blpop(["edgetrain-test"], timeout=60))))
     waiting.start()
