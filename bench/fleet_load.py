@@ -366,18 +366,19 @@ def main() -> None:
               f"{r['burst_latency_ms']['p99'] / 1e3:.2f} s | {r['status_ms']['median']:.1f} / {r['status_ms']['p99']:.1f} ms "
               f"| {r['fleet_ms']['median']:.1f} ms | {r['redis_bytes_per_device']:.0f} B, {r['redis_bytes_per_job']:.0f} B |",
               flush=True)  # fmt: skip
+    step = step_run(args.step_jobs) if args.step_jobs else None
     for r in results:
+        split = (
+            f"; the planning step alone {step['cpu_ms_per_job']:.2f} ms in {step['round_trips_per_job']:.1f} round trips to Redis "
+            f"(advance_job in this process), the rest {r['control_cpu_ms_per_job'] - step['cpu_ms_per_job']:.2f} ms Celery's "
+            "handling of the message"
+            if step
+            else ""
+        )
         print(
             f"{r['devices']} devices: each paced job cost the control worker {r['control_cpu_ms_per_job']:.2f} ms of CPU and Redis "
             f"{r['redis_commands_per_job']:.0f} commands (the fleet's heartbeats taken out); Redis's CPU "
-            f"{100 * r['redis_cpu_idle']:.0f} % of a core with heartbeats alone, {100 * r['redis_cpu_paced']:.0f} % while paced"
-        )
-    step = step_run(args.step_jobs) if args.step_jobs else None
-    if step:
-        print(
-            f"the planning step alone (advance_job of a single-device job in this process, its fine-tune sent): "
-            f"{step['cpu_ms_per_job']:.2f} ms of CPU and {step['round_trips_per_job']:.1f} round trips to Redis per job; "
-            f"the rest of each paced job's control-worker CPU above is Celery's handling of its message"
+            f"{100 * r['redis_cpu_idle']:.0f} % of a core with heartbeats alone, {100 * r['redis_cpu_paced']:.0f} % while paced{split}"
         )
     scraped = scrape_run(args.scrape_devices) if args.scrape_devices else None
     if scraped:
