@@ -177,6 +177,28 @@ def warp_ratio(curve: list[tuple[int, float]], reference: list[tuple[int, float]
     return statistics.median(ratios) if len(ratios) >= MIN_MATCHED_LEVELS else None
 
 
+def distinct_draws(records: list[FinetuneRecord]) -> list[FinetuneRecord]:
+    """One record per seed and starting batch size: the devices of one job train with the job's
+    seed, so on the same data their solo runs at one batch size are one draw of N_b, not several
+    (counted as several they would outweigh the other seeds' and narrow the spread between seeds).
+    Of such records the one that tells most is kept: a run that reached the target at that batch
+    size, else the longest solo curve."""
+    kept: dict[tuple[int, int], FinetuneRecord] = {}
+    for record in records:
+        key = (record.seed, record.segments[0].batch_size)
+        if key not in kept or _tells_more(record, kept[key]):
+            kept[key] = record
+    return list(kept.values())
+
+
+def _tells_more(record: FinetuneRecord, other: FinetuneRecord) -> bool:
+    """Whether `record` measures its starting batch size's N_b better than `other` does."""
+    first, second = record.solo_samples() is not None, other.solo_samples() is not None
+    if first != second:
+        return first
+    return record.segments[0].end_samples > other.segments[0].end_samples
+
+
 def relative_samples(records: list[FinetuneRecord]) -> dict[int, list[float]]:
     """Per batch size, N_b on the records' data relative to one reference run (log-consistent):
     solo N_b where a run reached the target at one batch size (however few its evaluations),
@@ -185,8 +207,9 @@ def relative_samples(records: list[FinetuneRecord]) -> dict[int, list[float]]:
     target the curves give N_b's shape but not its scale, only that each run's N_b is above
     what it ran: every run is then taken to need UNREACHED_FACTOR times the samples it ran at
     the least (before, the longest run's samples so far stood for its N_b, so a run matched to
-    it could read as past its own target). Curves at one batch size alone measure nothing: none."""
-    solo = [(r, r.solo_samples()) for r in records]
+    it could read as past its own target). Curves at one batch size alone measure nothing: none.
+    Runs that started at one batch size with one seed count once (`distinct_draws`)."""
+    solo = [(r, r.solo_samples()) for r in distinct_draws(records)]
     reached = [(r, s) for r, s in solo if s is not None]
     values: dict[int, list[float]] = {}
     for _, (b, n) in reached:

@@ -87,6 +87,13 @@ def test_runs_that_reached_the_target_within_a_few_evaluations_measure_their_N_b
     assert vector is not None and vector.samples_for(8) == 700 and vector.samples_for(32) == 500
 
 
+def test_the_devices_of_one_job_count_as_one_draw_of_N_b() -> None:
+    one_job = [record(32, 1.0, f"job-a:dev-{k}", n=8000) for k in range(3)]  # one job's seed: one run, on three devices
+    still_running = record(32, 1.0, "job-a:dev-3", stop=4000)  # the same draw, short of the target so far
+    another_seed = record(32, 1.0, "job-b:dev-0", n=9000).model_copy(update={"seed": 1})
+    assert relative_samples([still_running, *one_job, another_seed]) == {32: [8000.0, 9000.0]}
+
+
 def test_without_a_run_that_reached_the_target_no_run_reads_as_past_it() -> None:
     """Two runs still going on one data, none reached: a run at b=8 matched to a longer one at
     b=32 read as needing fewer samples than it had already run (the closed loop then took it for
