@@ -151,8 +151,9 @@ class Curves:
 @dataclass
 class Job:
     """A replayed fine-tune: what it ran (segments of batch size and samples), its device time
-    to the target (s, SIMULATED; inf where it never reached it), its samples to accuracy, the start choice's role and note, its
-    exploration's cost bound and report, its switches' notes and the record it left."""
+    to the target (s, SIMULATED; inf where it never reached it), its samples to accuracy, the
+    start choice's role and note, its exploration's cost bound and report, its switches' notes
+    and the record it left."""
 
     row: tuple[str, float | None]
     seed: int
@@ -319,7 +320,7 @@ def round_view(earlier: list[FinetuneRecord], this_round: list[FinetuneRecord], 
     "curves") or nothing ("hidden"), and with "curves" their curves as far as they had run."""
     if together == "curves":
         return lambda t: [*earlier, *(as_of(r, t) or started[r.record_id] for r in this_round)]
-    fixed = [*earlier, *(started.values() if together in ("shown", "hidden") else this_round)]
+    fixed = [*earlier, *(this_round if not together else started.values() if together == "shown" else [])]
     return lambda _: fixed
 
 
