@@ -40,6 +40,8 @@
     <p>:attempts:<task id>                 deliveries of a task (expires)
     <p>:jobs                               zset of job ids by submit time
     <p>:unplanned                          zset of jobs no control worker took up yet -> when sent (s)
+    <p>:plan-doorbell                      jobs submitted since a `plan_submitted` was due (expires)
+    <p>:plan-now                           list: a due `plan_submitted` waits no longer
     <p>:job:<id>                           JobRecord JSON
     <p>:job:<id>:part:<device>             DevicePart JSON
     <p>:job:<id>:progress:<device>         FinetuneProgress JSON
@@ -270,6 +272,12 @@ class Keys:
 
     def unplanned(self) -> str:
         return f"{self.prefix}:unplanned"
+
+    def plan_doorbell(self) -> str:
+        return f"{self.prefix}:plan-doorbell"
+
+    def plan_now(self) -> str:
+        return f"{self.prefix}:plan-now"
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}:job:{checked_id(job_id, 'job_id')}"

@@ -103,6 +103,7 @@ def time_limits(settings: Settings) -> dict[str, dict[str, int]]:
         return {"time_limit": hard_s, "soft_time_limit": max(1, hard_s - min(60, hard_s // 10))}
 
     kinds = {
+        TaskName.plan_submitted: settings.control_time_limit_s,
         TaskName.advance_job: settings.control_time_limit_s,
         TaskName.advance_page: settings.control_time_limit_s,
         TaskName.estimate_relation_vector: settings.control_time_limit_s,

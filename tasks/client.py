@@ -55,6 +55,7 @@ from edgetrain.common.schemas import (
 )
 from edgetrain.common.settings import Settings, get_data_settings
 from edgetrain.common.store import JobFinished, JobNotFoundError, LiveWorker, Store, claim_token
+from edgetrain.common.store.jobs import PLAN_EARLY_AT
 from edgetrain.common.store.resources import OnSetAside
 
 from .app import producer_app
@@ -194,11 +195,14 @@ class EdgeTrainClient:
         self._refuse_unsafe_redis()
         job_id = uuid.uuid4().hex[:12]
         try:
-            self.store.jobs.create(job_id, job)
+            waiting = self.store.jobs.create(job_id, job, ring_for_s=self.settings.lease_ttl_s)
         except redis.exceptions.OutOfMemoryError:
             raise RedisFull(full_message(self.store.redis_facts())) from None
-        try:
-            send(self.app, TaskName.advance_job, job_id)
+        try:  # the first job since the last planning step sends the next, which takes up those after it too
+            if waiting == 1:
+                send(self.app, TaskName.plan_submitted, job_id)
+            elif waiting == PLAN_EARLY_AT:
+                self.store.jobs.plan_now()
         except redis.exceptions.OutOfMemoryError:
             raise RedisFull(f"{full_message(self.store.redis_facts())}; job {job_id} was recorded but not queued: "
                             "submit it again once Redis has room") from None  # fmt: skip

@@ -29,6 +29,7 @@ TASK_PROGRESS_EVENT = "task-progress"  # Flower shows the task in state PROGRESS
 class TaskName(str, Enum):
     """Every task, by the name producers send and workers register."""
 
+    plan_submitted = "edgetrain.plan_submitted"  # payload: the id of the job that rang (those submitted since come too)
     advance_job = "edgetrain.advance_job"  # payload: the job id
     advance_page = "edgetrain.advance_page"  # JobPage
     profile_device = "edgetrain.profile_device"  # ProfileRequest -> ProfileResult
@@ -64,6 +65,7 @@ def queue_role(queue: str | None) -> str:
 
 
 FIXED_ROUTES: dict[TaskName, str] = {
+    TaskName.plan_submitted: CONTROL_QUEUE,
     TaskName.advance_job: CONTROL_QUEUE,
     TaskName.advance_page: CONTROL_QUEUE,
     TaskName.estimate_relation_vector: SERVER_QUEUE,

@@ -19,6 +19,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.utils.log import get_task_logger
 
 from edgetrain.common.control_axis import ControlAxis
+from edgetrain.common.ids import checked_id
 from edgetrain.common.jobs.admission import job_refusal
 from edgetrain.common.jobs.effects import AwaitDevice, ClaimAndEstimate, ClaimAndProfile, Note, ReleaseTableClaim, SendFineTune
 from edgetrain.common.jobs.events import Failed, PartEvent, Refused
@@ -91,18 +92,44 @@ def _resource_ids(spec: JobSpec, device_type: str) -> tuple[str, str] | None:
         return None
 
 
-class _Reader:
-    """Reads what the planner needs for one page of a job, given its registered devices: the
-    tables and vectors of their types in one command, the tables' failures in another (a
-    stored table may not serve, so its failure is read in any case), a vector's failure only
-    where the vector is missing."""
+class _Reads:
+    """What the planner needs for pages of one or more jobs, read together in three commands:
+    their parts and registered devices, the tables and vectors of those devices' types, and the
+    tables' failures (a stored table may not serve, so its failure is read in any case)."""
 
-    def __init__(self, s: Store, record: JobRecord, devices: dict[str, DeviceInfo]):
-        self.s, self.job_id, self.spec, self.record, self._devices = s, record.job_id, record.spec, record, devices
-        needed = [ids for t in {d.device_type for d in devices.values()} if (ids := _resource_ids(self.spec, t))]
-        tids, vkeys = sorted({t for t, _ in needed}), sorted({v for _, v in needed})
-        self._tables, self._vectors = s.resources.tables_and_vectors(tids, vkeys, self._set_aside)
-        self._failures: dict[str, ResourceFailure | None] = s.coordination.failures([table_resource(t) for t in tids])
+    def __init__(self, s: Store, pages: list[tuple[JobRecord, list[DeviceTarget]]]):
+        self.s = s
+        self.pages = s.jobs.parts_and_devices([(r.job_id, [t.device_id for t in targets]) for r, targets in pages])
+        self._needed_by: dict[str, set[str]] = {}  # the key of a table or vector -> the jobs that need it
+        tids, vkeys = set(), set()
+        for (record, _), read in zip(pages, self.pages):
+            for tid, vkey in filter(None, (_resource_ids(record.spec, t) for t in {d.device_type for d in read.devices.values()})):
+                tids.add(tid)
+                vkeys.add(vkey)
+                for key in (s.keys.table(tid), s.keys.vector(vkey)):
+                    self._needed_by.setdefault(key, set()).add(record.job_id)
+        self.tables, self.vectors = s.resources.tables_and_vectors(sorted(tids), sorted(vkeys), self._set_aside)
+        self.failures: dict[str, ResourceFailure | None] = s.coordination.failures([table_resource(t) for t in sorted(tids)])
+
+    def _set_aside(self, record: SetAside) -> None:
+        for job_id in sorted(self._needed_by.get(record.key, ())):
+            set_aside(self.s, job_id, record)
+
+
+def set_aside(s: Store, job_id: str, record: SetAside) -> None:
+    """A table or vector job `job_id` needs no longer loaded and was set aside: say so (it reads
+    as not stored, so the planner has it produced again)."""
+    logger.warning("job %s: %s", job_id, record.line())
+    s.jobs.event(job_id, EventKind.set_aside, record.line())
+
+
+class _Reader:
+    """What the planner sees of each part of one page of a job, from the page's `_Reads`; a
+    vector's failure is read only where the vector is missing."""
+
+    def __init__(self, reads: _Reads, record: JobRecord, devices: dict[str, DeviceInfo]):
+        self.s, self.job_id, self.spec, self.record, self._devices = reads.s, record.job_id, record.spec, record, devices
+        self._tables, self._vectors, self._failures = reads.tables, reads.vectors, reads.failures
 
     def view(self, target: DeviceTarget, part: DevicePart) -> PartView:
         s = self.s
@@ -132,10 +159,7 @@ class _Reader:
         )  # fmt: skip
 
     def _set_aside(self, record: SetAside) -> None:
-        """A table or vector this job needs no longer loaded and was set aside: say so (it reads
-        as not stored, so the planner has it produced again)."""
-        logger.warning("job %s: %s", self.job_id, record.line())
-        self.s.jobs.event(self.job_id, EventKind.set_aside, record.line())
+        set_aside(self.s, self.job_id, record)
 
     def _failure(self, resource: str, part: DevicePart) -> str | None:
         """Why producing `resource` failed for this job, unless the part was re-queued since."""
@@ -154,6 +178,61 @@ def advance_device(job_id: str, device_id: str) -> None:
         send(app, TaskName.advance_page, device_page(job_id, position, settings().page_size))
 
 
+PLAN_BATCH = 100  # submitted jobs one planning step takes up, at most
+
+
+@app.task(name=TaskName.plan_submitted.value, **CONTROL_TASK_OPTIONS)
+def plan_submitted(rang_for: str) -> str:
+    """Take up the jobs submitted since the last planning step, oldest first, and do the next
+    step of each (as `advance_job`). Job `rang_for` rang the doorbell; the step waits
+    `plan_window_s`, or until PLAN_EARLY_AT jobs rang, and the jobs submitted meanwhile come
+    along: one message, and one read of their records, for them all. A job is struck off the
+    jobs not taken up once its step is done, so a step lost midway takes it up again. Returns
+    which jobs it took up, each with what its step did (as `advance_job`): what Flower shows as
+    its result."""
+    checked_id(rang_for, "job_id")  # a payload pushed past the client
+    s = store()
+    s.jobs.wait_to_plan(settings().plan_window_s)
+    job_ids = s.jobs.answer_doorbell(PLAN_BATCH)
+    if len(job_ids) == PLAN_BATCH:  # more wait: another step takes them up beside this one
+        send(app, TaskName.plan_submitted, rang_for)
+    done: dict[str, str] = {}
+    try:
+        _take_up(s, job_ids, done)
+    except SoftTimeLimitExceeded:
+        logger.warning("plan_submitted ran out of time after %d of %d jobs; sent again", len(done), len(job_ids))
+        send(app, TaskName.plan_submitted, rang_for)
+        raise
+    finally:
+        s.jobs.planned(list(done))
+    return f"took up {len(done)} job(s): " + ", ".join(f"{job_id} {outcome}" for job_id, outcome in done.items())
+
+
+def _take_up(s: Store, job_ids: list[str], done: dict[str, str]) -> None:
+    """Do the next step of each job, the pages of those of one page read together; note in
+    `done` each job whose step was done (or that has no readable record) and what it did (as
+    `advance_job` returns)."""
+    records = s.jobs.taken_up(job_ids)
+    one_page = [(r, _page_targets(r, 0)) for r in records if r is not None and _pages(r) == 1]
+    reads, at = _Reads(s, one_page), {r.job_id: i for i, (r, _) in enumerate(one_page)}
+    for job_id, record in zip(job_ids, records):
+        if record is None:
+            logger.warning("plan_submitted: no readable job %s", job_id)
+            outcome = "unknown job"
+        else:
+            try:
+                if job_id in at:
+                    outcome = _step_page(record, one_page[at[job_id]][1], reads, at[job_id])
+                else:
+                    outcome = _next_step(record)
+            except SoftTimeLimitExceeded:
+                raise
+            except Exception:  # not struck off: the reaper sends it `advance_job` a lease after its submission
+                logger.exception("plan_submitted: the step of job %s failed", job_id)
+                continue
+        done[job_id] = outcome
+
+
 @app.task(name=TaskName.advance_job.value, **CONTROL_TASK_OPTIONS)
 def advance_job(job_id: str) -> str:
     """Do the next step of every device part of job `job_id`: at once for a job of one page,
@@ -167,11 +246,15 @@ def advance_job(job_id: str) -> str:
     if record is None:
         logger.warning("advance_job: no job %s", job_id)
         return "unknown job"
-    pages = math.ceil(len(record.spec.devices) / settings().page_size)
-    if pages == 1:
-        return _again_if_out_of_time(TaskName.advance_job, job_id, lambda: _advance_page(record, 0))
-    pages_of = [JobPage(job_id=job_id, page=page) for page in range(pages)]
-    send_tracked(app, store().ledger, TaskName.advance_page, pages_of, job_id=job_id)  # a lost page would wait for good
+    return _again_if_out_of_time(TaskName.advance_job, job_id, lambda: _next_step(record))
+
+
+def _next_step(record: JobRecord) -> str:
+    """The next step of every part of a job: at once for one page, else a task per page."""
+    if _pages(record) == 1:
+        return _advance_page(record, 0)
+    pages_of = [JobPage(job_id=record.job_id, page=page) for page in range(_pages(record))]
+    send_tracked(app, store().ledger, TaskName.advance_page, pages_of, job_id=record.job_id)  # a lost page would wait for good
     return "paged"
 
 
@@ -197,13 +280,26 @@ def _again_if_out_of_time(task: TaskName, payload: str | JobPage, step: Callable
         raise
 
 
-def _advance_page(record: JobRecord, page: int) -> str:
-    s, job_id, spec = store(), record.job_id, record.spec
+def _pages(record: JobRecord) -> int:
+    return math.ceil(len(record.spec.devices) / settings().page_size)
+
+
+def _page_targets(record: JobRecord, page: int) -> list[DeviceTarget]:
     size = settings().page_size
-    targets = spec.devices[page * size : (page + 1) * size]
+    return record.spec.devices[page * size : (page + 1) * size]
+
+
+def _advance_page(record: JobRecord, page: int) -> str:
+    targets = _page_targets(record, page)
+    return _step_page(record, targets, _Reads(store(), [(record, targets)]), 0)
+
+
+def _step_page(record: JobRecord, targets: list[DeviceTarget], reads: _Reads, at: int) -> str:
+    """The step of a page of job `record`: its `targets`, read as `reads.pages[at]`."""
+    job_id = record.job_id
     refusal = _refusal(record)  # a spec written past the client
-    parts, devices = s.jobs.parts_and_devices(job_id, [t.device_id for t in targets])
-    reader = _Reader(s, record, devices)
+    read = reads.pages[at]
+    parts, reader = read.parts(), _Reader(reads, record, read.devices)
     finished: JobState | None = None
     for target, part in zip(targets, parts):
         if part.state in TERMINAL:

@@ -170,6 +170,23 @@ class Applied:
         return self.change.part
 
 
+@dataclass(frozen=True)
+class PageRead:
+    """A page of a job's parts as read, and those of its devices that are registered."""
+
+    job_id: str
+    device_ids: list[str]
+    raws: list
+    devices: dict[str, DeviceInfo]
+
+    def parts(self) -> list[DevicePart]:
+        """The parts, in the page's order; JobNotFoundError when one is missing."""
+        return _parsed_parts(self.job_id, self.device_ids, self.raws)
+
+
+PLAN_EARLY_AT = 8  # jobs at the doorbell that end a planning step's wait (at 250 jobs/s: 32 ms)
+
+
 def _parsed_parts(job_id: str, device_ids: list[str], raws: list) -> list[DevicePart]:
     """The parts of `device_ids` read as `raws`; JobNotFoundError when one is missing."""
     missing = [d for d, raw in zip(device_ids, raws) if raw is None]
@@ -189,8 +206,12 @@ class JobStore:
         self._parsed: OrderedDict[str, tuple[bytes | str, JobRecord, dict[str, int]]] = OrderedDict()
         self._parsed_lock = threading.Lock()
 
-    def create(self, job_id: str, spec: JobSpec) -> JobRecord:
-        """Store a new job with a pending part per device, and its `submitted` event."""
+    def create(self, job_id: str, spec: JobSpec, ring_for_s: float = 0.0) -> int:
+        """Store a new job with a pending part per device, and its `submitted` event, among the
+        jobs no control worker took up yet, and (for `ring_for_s` > 0) ring the doorbell of those
+        jobs, which stays rung for `ring_for_s` (s) unless answered. Returns how many jobs rang
+        it since it was last answered, this one included (0 without ringing): at 1 the caller
+        sends `plan_submitted`, at PLAN_EARLY_AT it calls `plan_now`."""
         record = JobRecord(job_id=job_id, spec=spec)
         event = JobEvent(kind=EventKind.submitted, message="submitted")
         with self._redis.pipeline() as p:
@@ -205,8 +226,47 @@ class JobStore:
             p.zadd(self._keys.jobs(), {job_id: record.created_at.timestamp()})
             p.zadd(self._keys.unplanned(), {job_id: record.created_at.timestamp()})
             p.rpush(self._keys.events(job_id), event.model_dump_json())
-            p.execute()
-        return record
+            if ring_for_s > 0:
+                p.incr(self._keys.plan_doorbell())
+                p.pexpire(self._keys.plan_doorbell(), max(1, round(ring_for_s * 1e3)))
+            replies = p.execute()
+        return int(replies[-2]) if ring_for_s > 0 else 0
+
+    def plan_now(self) -> None:
+        """Enough jobs rang the doorbell: the planning step waiting for more (`wait_to_plan`) goes on."""
+        self._redis.rpush(self._keys.plan_now(), 1)
+
+    def wait_to_plan(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` (s) for `plan_now`."""
+        if timeout_s > 0:
+            self._redis.blpop([self._keys.plan_now()], timeout=timeout_s)
+
+    def answer_doorbell(self, limit: int) -> list[str]:
+        """Up to `limit` jobs no control worker took up yet, oldest first, and the doorbell
+        silenced in the same transaction: a job submitted after this read rings it again."""
+        with self._redis.pipeline() as p:
+            p.delete(self._keys.plan_doorbell(), self._keys.plan_now())
+            p.zrange(self._keys.unplanned(), 0, limit - 1)
+            return texts(p.execute()[1])
+
+    def taken_up(self, job_ids: list[str]) -> list[JobRecord | None]:
+        """The records of `job_ids` (None for an unknown id or one that does not parse), in one
+        round trip; they stay among the jobs not taken up until `planned`, so a step lost midway
+        takes them up again."""
+        raws = self._redis.mget([self._keys.job(j) for j in job_ids]) if job_ids else []
+        return [self._readable(j, raw) for j, raw in zip(job_ids, raws)]
+
+    def _readable(self, job_id: str, raw: bytes | str | None) -> JobRecord | None:
+        try:
+            parsed = self._parse(job_id, raw) if raw else None
+        except ValueError:  # written past the client: its step would fail on every read
+            return None
+        return parsed[1] if parsed else None
+
+    def planned(self, job_ids: list[str]) -> None:
+        """The first step of `job_ids` was carried out: strike them off the jobs not taken up."""
+        if job_ids:
+            self._redis.zrem(self._keys.unplanned(), *job_ids)
 
     def take_up(self, job_id: str) -> JobRecord | None:
         """The job's record (see `record`), struck off the jobs no control worker took up yet,
@@ -271,12 +331,17 @@ class JobStore:
         raws = self._redis.mget([self._keys.part(job_id, d) for d in device_ids]) if device_ids else []
         return _parsed_parts(job_id, device_ids, raws)
 
-    def parts_and_devices(self, job_id: str, device_ids: list[str]) -> tuple[list[DevicePart], dict[str, DeviceInfo]]:
-        """`parts` of `device_ids` and those devices that are registered (`FleetRegistry.devices_by_id`), in one command."""
-        keys = [self._keys.part(job_id, d) for d in device_ids] + [self._keys.device(d) for d in device_ids]
-        raws = self._redis.mget(keys) if keys else []
-        devices = {d: DeviceInfo.model_validate_json(raw) for d, raw in zip(device_ids, raws[len(device_ids) :]) if raw}
-        return _parsed_parts(job_id, device_ids, raws[: len(device_ids)]), devices
+    def parts_and_devices(self, pages: list[tuple[str, list[str]]]) -> list[PageRead]:
+        """For each page (job id, device ids): its parts and those of its devices that are
+        registered (`FleetRegistry.devices_by_id`); every page in one command."""
+        keys = [k for job_id, ids in pages for k in [*(self._keys.part(job_id, d) for d in ids), *map(self._keys.device, ids)]]
+        raws, at, reads = (self._redis.mget(keys) if keys else []), 0, []
+        for job_id, ids in pages:
+            parts, registered = raws[at : at + len(ids)], raws[at + len(ids) : at + 2 * len(ids)]
+            at += 2 * len(ids)
+            devices = {d: DeviceInfo.model_validate_json(raw) for d, raw in zip(ids, registered) if raw}
+            reads.append(PageRead(job_id, ids, parts, devices))
+        return reads
 
     def parts_at(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], DevicePart]:
         """The parts of these (job, device) pairs that exist, in one command."""

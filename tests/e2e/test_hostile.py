@@ -352,6 +352,7 @@ def test_a_failed_aggregation_fails_the_waiting_job_and_the_next_one_estimates_a
     [
         (TaskName.advance_job, "j1:events", "job_id: 'j1:events' is not allowed: 1 to 64 letters"),
         (TaskName.advance_job, "*", "job_id: '*' is not allowed"),
+        (TaskName.plan_submitted, "j1:events", "job_id: 'j1:events' is not allowed"),
         (TaskName.advance_page, {"job_id": "j1:part:nano-h", "page": 0}, "ValidationError"),
     ],
 )

@@ -60,8 +60,9 @@ def test_only_tasks_signed_by_a_trusted_key_run(tmp_path: Path) -> None:
         store = Store.connect(server.url)
         spec = JobSpec.model_validate(quick_job([{"device_id": "ghost"}], device_grace_s=0))
         unsigned, forged = uuid.uuid4().hex[:12], uuid.uuid4().hex[:12]
-        for job_id in (unsigned, forged):
+        for job_id in (unsigned, forged):  # records only a message would start (records are the ACL's to guard, not signing's)
             store.jobs.create(job_id, spec)
+        store.jobs.planned([unsigned, forged])
         send(producer_app(Settings(redis_url=server.url)), TaskName.advance_job, unsigned)
         subprocess.run([sys.executable, "-c", SEND_ADVANCE, forged], env=env | signing_env(intruder, own), check=True)
         job_file = tmp_path / "job.json"

@@ -204,7 +204,7 @@ def test_flower_as_the_monitor_behind_a_login_with_no_secret_in_the_process_list
         assert queues == {"control", "server", f"device.{DEVICE}"}
         EdgeTrainClient(secure.url("submitter")).submit(quick_job([{"device_id": "ghost-1"}]))  # tasks while Flower watches
         tasks = seen_by_flower(lambda: get("/api/tasks"), "the tasks")
-        assert any(t["name"].startswith("edgetrain.advance_") for t in tasks.values())
+        assert any(t["name"].startswith(("edgetrain.plan_submitted[", "edgetrain.advance_")) for t in tasks.values())
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/api/workers", timeout=10)
         assert refused.value.code == 401

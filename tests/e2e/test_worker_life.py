@@ -166,7 +166,7 @@ def test_a_full_redis_refuses_submit_by_name_and_the_control_worker_waits_it_out
         try:
             submit = fleet.edgetrain("submit", str(fleet.job_file()))
             control.signal(signal.SIGCONT)
-            waits = fleet.log_says("control", "Redis is full: task edgetrain.advance_job[")
+            waits = fleet.log_says("control", "Redis is full: task edgetrain.plan_submitted[")
         finally:
             fleet.admin.config_set("maxmemory", 0)
     finally:

@@ -13,6 +13,7 @@ from edgetrain.common.payloads import PretrainRequest, PretrainResult
 from edgetrain.common.presets import quick_job
 from edgetrain.common.redis_health import RedisUnsafe
 from edgetrain.common.schemas import DeviceInfo, EstimationRequest, LearningRatePolicy, ProfileTable, ProfilingOptions, RelationVector
+from edgetrain.common.store.jobs import PLAN_EARLY_AT
 from edgetrain.common.testing.broker import queued_tasks
 from edgetrain.tasks import client as client_module
 from edgetrain.tasks.client import EdgeTrainClient, ResourceFailed
@@ -123,7 +124,7 @@ def test_submit_takes_either_kind_of_spec(client, broker) -> None:
     assert client.store.jobs.record(job_id) is not None and client.federated_status(job_id) is None
     assert client.store.jobs.record(federated_id) is None and client.federated_status(federated_id) is not None
     assert [(t.name, t.payload) for t in queued_tasks(broker, CONTROL_QUEUE)] == [
-        (TaskName.advance_job.value, job_id), (TaskName.federated_advance.value, federated_id)]  # fmt: skip
+        (TaskName.plan_submitted.value, job_id), (TaskName.federated_advance.value, federated_id)]  # fmt: skip
 
 
 def test_a_client_reads_redis_s_settings_once_a_while_and_refuses_an_evicting_redis_after_it(client, broker, monkeypatch) -> None:
@@ -142,4 +143,20 @@ def test_a_client_reads_redis_s_settings_once_a_while_and_refuses_an_evicting_re
             client.submit(job)
     finally:
         broker.config_set("maxmemory-policy", "noeviction")
-    assert len(queued_tasks(broker, CONTROL_QUEUE)) == 3
+    assert [t.name for t in queued_tasks(broker, CONTROL_QUEUE)] == [TaskName.plan_submitted.value]  # one step takes up all three
+    assert len(client.store.jobs.unplanned(float("inf"), 10)) == 3
+
+
+def test_jobs_submitted_while_a_planning_step_is_due_send_no_message_and_the_eighth_ends_its_wait(client, broker) -> None:
+    job = quick_job([{"device_id": "nano-3", "power_cap_w": 5.0}])
+    first = client.submit(job)
+    for _ in range(PLAN_EARLY_AT - 2):
+        client.submit(job)
+    assert [(t.name, t.payload) for t in queued_tasks(broker, CONTROL_QUEUE)] == [(TaskName.plan_submitted.value, first)]
+    assert broker.llen(client.store.keys.plan_now()) == 0  # the step may wait for more
+    client.submit(job)
+    assert broker.llen(client.store.keys.plan_now()) == 1 and len(queued_tasks(broker, CONTROL_QUEUE)) == 1
+    assert client.store.jobs.answer_doorbell(100) == client.store.jobs.unplanned(float("inf"), 100)  # the step takes up all
+    assert broker.llen(client.store.keys.plan_now()) == 0
+    client.submit(job)  # after the step answered: a new one
+    assert [t.name for t in queued_tasks(broker, CONTROL_QUEUE)] == [TaskName.plan_submitted.value] * 2

@@ -30,7 +30,7 @@ from edgetrain.tasks import context, reaper, workflow
 from edgetrain.tasks.client import poll_until
 from edgetrain.tasks.contract import SERVER_QUEUE, TaskName, device_queue
 from edgetrain.tasks.reaper import hand_on, reap_once
-from edgetrain.tasks.workflow import advance_job, advance_page, fail_resource
+from edgetrain.tasks.workflow import advance_job, advance_page, fail_resource, plan_submitted
 
 SHAPE = [1, 28, 28]
 TID = table_id("twin", "smallcnn", SHAPE)
@@ -429,6 +429,70 @@ def test_a_planning_step_reads_its_part_device_table_vector_and_failure_in_three
     assert s.jobs.part("j1", "d1").state == PartState.queued
     # the record and its unplanned mark; the part and the device; the table and the vector; the table's failure
     assert [c for c in sent if c in ("GET", "ZREM", "MGET")] == ["GET", "ZREM", "MGET", "MGET", "MGET"], sent
+
+
+def ring(s, job_id: str, device_id: str) -> int:
+    """Submit a job as the client does, ringing the planning doorbell; how many rang it."""
+    return s.jobs.create(job_id, JobSpec.model_validate(quick_job([{"device_id": device_id, "power_cap_w": 4.0}], batch_sizes=B)),
+                         ring_for_s=20.0)  # fmt: skip
+
+
+def test_jobs_submitted_together_are_taken_up_by_one_planning_step_that_reads_them_in_four_commands(s, broker, monkeypatch) -> None:
+    from redis.connection import AbstractConnection
+
+    for i in range(4):
+        register(s, f"d{i}")
+    store_resources(s, submit(s, "j0", [{"device_id": "d0", "power_cap_w": 4.0}]))
+    advance_job("j0")  # scripts loaded, the broker's queue declared
+    assert [ring(s, f"j{i}", f"d{i}") for i in (1, 2, 3)] == [1, 2, 3]  # the first rang: only it sends a step
+    sent: list[str] = []  # the commands sent, alone or in pipelines
+    one, many = AbstractConnection.send_command, AbstractConnection.pack_commands
+    monkeypatch.setattr(AbstractConnection, "send_command", lambda self, *args, **kw: sent.append(str(args[0])) or one(self, *args, **kw))
+    monkeypatch.setattr(AbstractConnection, "pack_commands", lambda self, cmds: sent.extend(str(c[0]) for c in cmds) or many(self, cmds))
+    assert plan_submitted("j1") == "took up 3 job(s): j1 advanced, j2 advanced, j3 advanced"
+    monkeypatch.undo()
+    assert [s.jobs.part(f"j{i}", f"d{i}").state for i in (1, 2, 3)] == [PartState.queued] * 3
+    assert [len(queued_tasks(broker, device_queue(f"d{i}"))) for i in (1, 2, 3)] == [1, 1, 1]
+    # the records; the parts and devices; the tables and vectors; the tables' failures; then the three struck off at once
+    assert [c for c in sent if c in ("GET", "ZREM", "MGET")] == ["MGET", "MGET", "MGET", "MGET", "ZREM"], sent
+    assert s.jobs.unplanned(broker.time()[0] + 10**6, 10) == []
+    assert ring(s, "j4", "d3") == 1  # the step answered the doorbell: the next job rings it again
+
+
+def test_a_job_whose_step_fails_in_a_planning_step_is_left_to_the_reaper_and_the_others_are_taken_up(s, broker) -> None:
+    register(s, "d1"), register(s, "d2")
+    store_resources(s, submit(s, "j0", [{"device_id": "d1", "power_cap_w": 4.0}]))
+    s.jobs.planned(["j0"])
+    ring(s, "j1", "d1"), ring(s, "j2", "d2")
+    broker.delete(s.keys.part("j1", "d1"))  # written past the client: its step fails
+    broker.delete("control")
+    assert plan_submitted("j1") == "took up 1 job(s): j2 advanced"
+    assert s.jobs.part("j2", "d2").state == PartState.queued
+    assert s.jobs.unplanned(broker.time()[0] + 10**6, 10) == ["j1"]  # a lease after its submission, the reaper starts it alone
+    broker.zadd(s.keys.unplanned(), {"j1": broker.time()[0] - context.settings().lease_ttl_s - 1})
+    reap_once(s, context.app(), context.settings())
+    assert [(t.name, t.payload) for t in queued_tasks(broker, "control")] == [(TaskName.advance_job.value, "j1")]
+
+
+def test_a_planning_step_out_of_time_strikes_off_the_jobs_it_did_and_is_sent_again(s, broker, monkeypatch) -> None:
+    register(s, "d1"), register(s, "d2")
+    store_resources(s, submit(s, "j0", [{"device_id": "d1", "power_cap_w": 4.0}]))
+    s.jobs.planned(["j0"])
+    ring(s, "j1", "d1"), ring(s, "j2", "d2")
+    broker.delete("control")
+    planned = workflow.plan
+
+    def out_of_time_at_j2(view):
+        if view.job_id == "j2":
+            raise SoftTimeLimitExceeded()
+        return planned(view)
+
+    monkeypatch.setattr(workflow, "plan", out_of_time_at_j2)
+    with pytest.raises(SoftTimeLimitExceeded):
+        plan_submitted("j1")
+    assert s.jobs.part("j1", "d1").state == PartState.queued and s.jobs.part("j2", "d2").state == PartState.pending
+    assert s.jobs.unplanned(broker.time()[0] + 10**6, 10) == ["j2"]
+    assert [(t.name, t.payload) for t in queued_tasks(broker, "control")] == [(TaskName.plan_submitted.value, "j1")]
 
 
 def test_a_step_out_of_time_fails_no_part_and_is_sent_again(s, broker, monkeypatch) -> None:

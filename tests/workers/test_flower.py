@@ -107,13 +107,16 @@ def test_flower_shows_workers_queues_tasks_by_job_and_progress(tmp) -> None:
             key = vector_key(JobSpec.model_validate(spec).estimation_request())
             assert sorted(r.batch_size for r in client.store.progress.proxy_runs(key)) == [16, 64]  # reported while they ran
 
-            # a part that fails before any task of it runs: Flower has only the job's advance_job, its result the job's state
+            # a part that fails before any task of it runs: Flower has only the step that took the job up, its result the job's state
             infeasible = client.submit(quick_job([{**long_run, "power_cap_w": 0.5}], batch_sizes=[16, 64], target_accuracy=0.9,
                                                  max_samples=12000))  # fmt: skip
             assert client.wait(infeasible, timeout_s=60).state.value == "failed"
             get_json(
                 f"{base}/tasks",
-                until=lambda d: any(t["name"] == f"edgetrain.advance_job[{infeasible}]" and t["result"] == "'failed'" for t in d.values()),
+                until=lambda d: any(
+                    t["name"] == f"edgetrain.plan_submitted[{infeasible}]" and t["result"] == f"'took up 1 job(s): {infeasible} failed'"
+                    for t in d.values()
+                ),
             )
         finally:
             flower.terminate()

@@ -52,7 +52,8 @@ def role_rules(prefix: str = DEFAULT_PREFIX) -> dict[str, str]:
         "worker": f"~* &* {commands}",
         "submitter": " ".join(
             [
-                f"~{p}:job:* ~{p}:jobs %W~{p}:unplanned ~{p}:fleet:jobs:* ~{p}:fleet:cap:* ~{p}:fleet:caps ~{p}:fed:* ~{p}:federated*",
+                f"~{p}:job:* ~{p}:jobs %W~{p}:unplanned ~{p}:plan-doorbell %W~{p}:plan-now",
+                f"~{p}:fleet:jobs:* ~{p}:fleet:cap:* ~{p}:fleet:caps ~{p}:fed:* ~{p}:federated*",
                 f"%R~{p}:fleet:* %R~{p}:vector:* %R~{p}:table:* %R~{p}:failed:* %R~{p}:fedrun:*",
                 f"%R~{p}:worker* %R~{p}:pretrained:* %R~{p}:store %R~{p}:vector-parts:* %R~{p}:vector-progress:* %R~{p}:profiling:*",
                 "%W~control %W~server",
