@@ -114,7 +114,7 @@ class Settings(DataSettings):
     task_max_retries: int = Field(3, ge=0, description="redeliveries of a task whose worker died")
     page_size: int = Field(50, gt=0, le=1000, description="devices of a job advanced by one job step")
     plan_window_s: float = Field(
-        0.2, ge=0, le=2, description="a planning step waits this long (or for 8 jobs) for more submitted jobs, to plan them together (s)"
+        0.2, ge=0, le=2, description="a planning step waits this long (or for 6 jobs) for more submitted jobs, to plan them together (s)"
     )
     torch_threads: int = Field(0, ge=0, description="torch threads per worker process; 0 = torch's default")
     worker_max_memory_mb: int = Field(

@@ -1,5 +1,8 @@
 """The job workflow: advances on events and never waits on a result inside a task.
 
+`plan_submitted` takes up the jobs submitted since the last planning step, read together, and
+does each one's first step as `advance_job` does.
+
 `advance_job` reads each device's part of a job from the store, asks the planner
 (common/jobs/planner.py) for its next step, applies the step's event to the part and, when it
 applied, carries out the step's effects: it claims and dispatches profiling and estimation,
