@@ -44,8 +44,9 @@ from edgetrain.common.schemas import (
     JobSpec,
     utc_now,
 )
-from edgetrain.common.store import Applied, SetAside, Store
+from edgetrain.common.store import Applied, JobNotFoundError, SetAside, Store
 from edgetrain.common.store.coordination import ResourceFailure
+from edgetrain.common.store.jobs import PageRead
 
 from .app import app
 from .context import settings, store
@@ -106,7 +107,7 @@ class _Reads:
         self._needed_by: dict[str, set[str]] = {}  # the key of a table or vector -> the jobs that need it
         tids, vkeys = set(), set()
         for (record, _), read in zip(pages, self.pages):
-            for tid, vkey in filter(None, (_resource_ids(record.spec, t) for t in {d.device_type for d in read.devices.values()})):
+            for tid, vkey in filter(None, (_resource_ids(record.spec, t) for t in _open_types(read))):
                 tids.add(tid)
                 vkeys.add(vkey)
                 for key in (s.keys.table(tid), s.keys.vector(vkey)):
@@ -117,6 +118,16 @@ class _Reads:
     def _set_aside(self, record: SetAside) -> None:
         for job_id in sorted(self._needed_by.get(record.key, ())):
             set_aside(self.s, job_id, record)
+
+
+def _open_types(read: PageRead) -> set[str]:
+    """The device types of the page's parts that are not finished (those a step plans): a late
+    step of a finished job reads no table or vector."""
+    try:
+        finished = {p.device_id for p in read.parts() if p.state in TERMINAL}
+    except JobNotFoundError:  # the step fails on it
+        finished = set()
+    return {d.device_type for device_id, d in read.devices.items() if device_id not in finished}
 
 
 def set_aside(s: Store, job_id: str, record: SetAside) -> None:

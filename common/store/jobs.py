@@ -170,7 +170,7 @@ class Applied:
         return self.change.part
 
 
-@dataclass(frozen=True)
+@dataclass
 class PageRead:
     """A page of a job's parts as read, and those of its devices that are registered."""
 
@@ -178,10 +178,13 @@ class PageRead:
     device_ids: list[str]
     raws: list
     devices: dict[str, DeviceInfo]
+    _parts: list[DevicePart] | None = None
 
     def parts(self) -> list[DevicePart]:
-        """The parts, in the page's order; JobNotFoundError when one is missing."""
-        return _parsed_parts(self.job_id, self.device_ids, self.raws)
+        """The parts, in the page's order (parsed once); JobNotFoundError when one is missing."""
+        if self._parts is None:
+            self._parts = _parsed_parts(self.job_id, self.device_ids, self.raws)
+        return self._parts
 
 
 PLAN_EARLY_AT = 6  # jobs at the doorbell that end a planning step's wait (at 250 jobs/s: 24 ms)

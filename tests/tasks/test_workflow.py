@@ -13,6 +13,7 @@ from edgetrain.common.jobs.events import (
     AttemptFinished,
     AttemptStarted,
     Dispatched,
+    Failed,
     Identified,
     Refused,
     Requeued,
@@ -493,6 +494,21 @@ def test_a_planning_step_out_of_time_strikes_off_the_jobs_it_did_and_is_sent_aga
     assert s.jobs.part("j1", "d1").state == PartState.queued and s.jobs.part("j2", "d2").state == PartState.pending
     assert s.jobs.unplanned(broker.time()[0] + 10**6, 10) == ["j2"]
     assert [(t.name, t.payload) for t in queued_tasks(broker, "control")] == [(TaskName.plan_submitted.value, "j1")]
+
+
+def test_a_late_step_of_a_finished_job_reads_no_table(s, broker) -> None:
+    """A step that comes after every part finished (a wake-up that lagged) leaves the tables
+    alone: a table that no longer loads is set aside by the next job that needs it, which says so."""
+    register(s, "d1")
+    store_resources(s, submit(s, "j1", [{"device_id": "d1", "power_cap_w": 5.0}]))
+    workflow.report("j1", "d1", Failed(reason="its device is gone"))
+    broken = b'{"batch_sizes": [16]}'
+    broker.set(s.keys.table(TID), broken)
+    advance_job("j1")
+    assert EventKind.set_aside not in kinds(s, "j1") and broker.get(s.keys.table(TID)) == broken
+    submit(s, "j2", [{"device_id": "d1", "power_cap_w": 5.0}])
+    advance_job("j2")
+    assert EventKind.set_aside in kinds(s, "j2") and broker.get(s.keys.table(TID)) is None
 
 
 def test_a_step_out_of_time_fails_no_part_and_is_sent_again(s, broker, monkeypatch) -> None:
