@@ -208,8 +208,6 @@ def plan_submitted(rang_for: str) -> str:
     s = store()
     s.jobs.wait_to_plan(settings().plan_window_s)
     job_ids = s.jobs.answer_doorbell(PLAN_BATCH)
-    if len(job_ids) == PLAN_BATCH:  # more wait: another step takes them up beside this one
-        send(app, TaskName.plan_submitted, rang_for)
     done: dict[str, str] = {}
     try:
         _take_up(s, job_ids, done)
@@ -219,6 +217,8 @@ def plan_submitted(rang_for: str) -> str:
         raise
     finally:
         s.jobs.planned(list(done))
+    if len(job_ids) == PLAN_BATCH:  # more may wait: the next step takes them up, not these again
+        send(app, TaskName.plan_submitted, rang_for)
     return f"took up {len(done)} job(s): " + ", ".join(f"{job_id} {outcome}" for job_id, outcome in done.items())
 
 
@@ -226,9 +226,9 @@ def _take_up(s: Store, job_ids: list[str], done: dict[str, str]) -> None:
     """Do the next step of each job, the pages of those of one page read together; note in
     `done` each job whose step was done (or that has no readable record) and what it did (as
     `advance_job` returns)."""
-    records = s.jobs.taken_up(job_ids)
+    records = s.jobs.records(job_ids)
     one_page = [(r, _page_targets(r, 0)) for r in records if r is not None and _pages(r) == 1]
-    reads, at = _Reads(s, one_page), {r.job_id: i for i, (r, _) in enumerate(one_page)}
+    reads, at = _Reads(s, one_page), {r.job_id: (i, targets) for i, (r, targets) in enumerate(one_page)}
     for job_id, record in zip(job_ids, records):
         if record is None:
             logger.warning("plan_submitted: no readable job %s", job_id)
@@ -236,7 +236,7 @@ def _take_up(s: Store, job_ids: list[str], done: dict[str, str]) -> None:
         else:
             try:
                 if job_id in at:
-                    outcome = _step_page(record, one_page[at[job_id]][1], reads, at[job_id])
+                    outcome = _step_page(record, at[job_id][1], reads, at[job_id][0])
                 else:
                     outcome = _next_step(record)
             except SoftTimeLimitExceeded:

@@ -252,10 +252,10 @@ class JobStore:
             p.zrange(self._keys.unplanned(), 0, limit - 1)
             return texts(p.execute()[1])
 
-    def taken_up(self, job_ids: list[str]) -> list[JobRecord | None]:
-        """The records of `job_ids` (None for an unknown id or one that does not parse), in one
-        round trip; they stay among the jobs not taken up until `planned`, so a step lost midway
-        takes them up again."""
+    def records(self, job_ids: list[str]) -> list[JobRecord | None]:
+        """The records of `job_ids` (see `record`; None also for one that does not parse), in one
+        round trip. Unlike `take_up`, it leaves them among the jobs not taken up until `planned`,
+        so a step lost midway takes them up again."""
         raws = self._redis.mget([self._keys.job(j) for j in job_ids]) if job_ids else []
         return [self._readable(j, raw) for j, raw in zip(job_ids, raws)]
 

@@ -475,6 +475,21 @@ def test_a_job_whose_step_fails_in_a_planning_step_is_left_to_the_reaper_and_the
     assert [(t.name, t.payload) for t in queued_tasks(broker, "control")] == [(TaskName.advance_job.value, "j1")]
 
 
+def test_a_full_planning_step_sends_the_next_which_takes_up_the_jobs_after_its_own(s, broker, monkeypatch) -> None:
+    monkeypatch.setattr(workflow, "PLAN_BATCH", 2)
+    for i in (1, 2, 3):
+        register(s, f"d{i}")
+    store_resources(s, submit(s, "j0", [{"device_id": "d1", "power_cap_w": 4.0}]))
+    s.jobs.planned(["j0"])
+    for i in (1, 2, 3):
+        ring(s, f"j{i}", f"d{i}")
+    broker.delete("control")
+    assert plan_submitted("j1") == "took up 2 job(s): j1 advanced, j2 advanced"
+    assert [(t.name, t.payload) for t in queued_tasks(broker, "control")] == [(TaskName.plan_submitted.value, "j1")]
+    assert plan_submitted("j1") == "took up 1 job(s): j3 advanced"
+    assert s.jobs.unplanned(broker.time()[0] + 10**6, 10) == []
+
+
 def test_a_planning_step_out_of_time_strikes_off_the_jobs_it_did_and_is_sent_again(s, broker, monkeypatch) -> None:
     register(s, "d1"), register(s, "d2")
     store_resources(s, submit(s, "j0", [{"device_id": "d1", "power_cap_w": 4.0}]))
